@@ -1,0 +1,201 @@
+//! Per-bandwidth formulas: fresh state, refill and waits (SEMANTICS.md sections 3–5).
+//!
+//! Every function here is total: for *any* field values (even a torn or corrupted state) it
+//! returns without panicking or overflowing. Intermediates are `i128`; results are saturated or
+//! clamped into `i64` only at the end.
+
+use crate::config::{Bandwidth, RefillKind};
+use crate::state::BandwidthState;
+
+/// `i64::MAX`, the saturation value of every wait.
+pub(crate) const MAX: i64 = i64::MAX;
+
+/// `min(x, MAX)` and never below zero: the reported form of a wait.
+#[inline]
+pub(crate) fn sat_wait(x: i128) -> i64 {
+    if x >= MAX as i128 {
+        MAX
+    } else if x <= 0 {
+        0
+    } else {
+        x as i64
+    }
+}
+
+/// `ceil(a / b)` for `b > 0`.
+#[inline]
+fn div_ceil(a: i128, b: i128) -> i128 {
+    -((-a).div_euclid(b))
+}
+
+/// State of a bandwidth created at clock reading `t0` (section 3.2).
+pub(crate) fn fresh(b: &Bandwidth, t0: i64) -> BandwidthState {
+    match b.kind {
+        RefillKind::IntervallyAligned {
+            first_refill_nanos: f,
+            adaptive_initial_tokens,
+        } => {
+            let tokens = if !adaptive_initial_tokens {
+                b.initial_tokens.unwrap_or(b.capacity)
+            } else if t0 >= f {
+                b.capacity
+            } else {
+                let (c, t, p) = (
+                    b.capacity as i128,
+                    b.refill_tokens as i128,
+                    b.refill_period as i128,
+                );
+                let ahead = (f as i128 - t0 as i128) * t;
+                let s = (c - t).max(0) + ahead.div_euclid(p);
+                s.min(c) as i64
+            };
+            // F >= 0 and P <= MAX, so F - P >= -MAX.
+            BandwidthState {
+                last_refill: f - b.refill_period,
+                tokens,
+                remainder: 0,
+            }
+        }
+        _ => BandwidthState {
+            last_refill: t0,
+            tokens: b.initial_tokens.unwrap_or(b.capacity),
+            remainder: 0,
+        },
+    }
+}
+
+/// Refills `st` to clock reading `t` (section 4.1).
+#[inline]
+pub(crate) fn refill(b: &Bandwidth, st: BandwidthState, t: i64) -> BandwidthState {
+    let l = st.last_refill;
+    if t <= l {
+        return st;
+    }
+    // t > l, so the difference fits in u64.
+    let elapsed = (t as i128 - l as i128) as u64;
+    let d = if b.kind.is_interval() {
+        elapsed - elapsed % b.refill_period as u64
+    } else {
+        elapsed
+    };
+    if d == 0 {
+        return st;
+    }
+    // l + d <= t, so it fits in i64.
+    let last_refill = (l as i128 + d as i128) as i64;
+    let (s, e) = (st.tokens, st.remainder);
+    if s >= b.capacity {
+        return BandwidthState {
+            last_refill,
+            tokens: s,
+            remainder: e,
+        };
+    }
+    let p = b.refill_period;
+    // Fast path: the whole computation fits in u64 (the usual case).
+    if e >= 0 {
+        if let Some(v) = (b.refill_tokens as u64)
+            .checked_mul(d)
+            .and_then(|x| x.checked_add(e as u64))
+        {
+            let add = v / p as u64;
+            let rem = (v % p as u64) as i64;
+            // s < C <= MAX and add <= u64::MAX: compare in i128.
+            return if s as i128 + add as i128 >= b.capacity as i128 {
+                BandwidthState {
+                    last_refill,
+                    tokens: b.capacity,
+                    remainder: 0,
+                }
+            } else {
+                BandwidthState {
+                    last_refill,
+                    tokens: s + add as i64,
+                    remainder: rem,
+                }
+            };
+        }
+    }
+    // T * d < 2^127 - 2^64 and |e| < 2^63: no i128 overflow.
+    let v = b.refill_tokens as i128 * d as i128 + e as i128;
+    let add = v.div_euclid(p as i128);
+    if s as i128 + add >= b.capacity as i128 {
+        BandwidthState {
+            last_refill,
+            tokens: b.capacity,
+            remainder: 0,
+        }
+    } else {
+        // s + add < C fits; a garbage negative `e` could push it below i64::MIN, so clamp.
+        let tokens = (s as i128 + add).max(i64::MIN as i128) as i64;
+        BandwidthState {
+            last_refill,
+            tokens,
+            remainder: v.rem_euclid(p as i128) as i64,
+        }
+    }
+}
+
+/// Least whole number of nanoseconds after `now` at which refill will have added `deficit`
+/// tokens to the refilled state `st` (section 5.1), saturated at `MAX`.
+///
+/// `deficit` must be at least 1; values up to `2^64` are computed exactly.
+#[inline]
+pub(crate) fn wait_for(b: &Bandwidth, st: &BandwidthState, now: i64, deficit: i128) -> i64 {
+    let p = b.refill_period as i128;
+    let t = b.refill_tokens as i128;
+    let (l, now) = (st.last_refill as i128, now as i128);
+    if b.kind.is_interval() {
+        let periods = div_ceil(deficit, t) - 1;
+        let first = l + p - now;
+        match periods.checked_mul(p).and_then(|x| x.checked_add(first)) {
+            Some(w) => sat_wait(w),
+            None => MAX,
+        }
+    } else {
+        let gap = (l - now).max(0);
+        // P * D < 2^127 for D <= 2^64 - 1 and P <= MAX.
+        match p
+            .checked_mul(deficit)
+            .and_then(|x| x.checked_sub(st.remainder as i128))
+        {
+            Some(need) => match gap.checked_add(div_ceil(need, t)) {
+                Some(w) => sat_wait(w),
+                None => MAX,
+            },
+            None => MAX,
+        }
+    }
+}
+
+/// The wait for a request of `n` tokens on one refilled bandwidth (section 5.2).
+#[inline]
+pub(crate) fn request_wait(
+    b: &Bandwidth,
+    st: &BandwidthState,
+    now: i64,
+    n: u64,
+    strict: bool,
+) -> i64 {
+    let n = n as i128;
+    let s = st.tokens as i128;
+    if strict && n > b.capacity as i128 {
+        MAX
+    } else if n <= s {
+        0
+    } else if n - s > MAX as i128 {
+        MAX
+    } else {
+        wait_for(b, st, now, n - s)
+    }
+}
+
+/// Time until this refilled bandwidth is full again (section 5.3), 0 when it is.
+#[inline]
+pub(crate) fn reset_wait(b: &Bandwidth, st: &BandwidthState, now: i64) -> i64 {
+    if st.tokens >= b.capacity {
+        0
+    } else {
+        wait_for(b, st, now, b.capacity as i128 - st.tokens as i128)
+    }
+}

@@ -1,0 +1,835 @@
+//! Operations as values: each one plans its result and its state change on a refilled view of
+//! the state (SEMANTICS.md section 6).
+//!
+//! [`execute`] is the single engine every bucket runs: it reads each bandwidth's state through
+//! a closure, refills it, lets the operation decide, and — only when the state changes — writes
+//! each new bandwidth state through a second closure. Local buckets point the closures at their
+//! atomics, mutex or cell; distributed backends at decoded bytes. No allocation, no clock.
+//!
+//! ```
+//! use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, BucketState, ops};
+//! use core::time::Duration;
+//!
+//! let config = BucketConfiguration::builder()
+//!     .add_limit(Bandwidth::simple(10, Duration::from_secs(1))?)
+//!     .build()?;
+//! let mut slot = BucketState::new(&config, 0).bandwidths()[0];
+//! let cell = core::cell::Cell::new(slot);
+//! let taken = ops::execute(&ops::TryConsume(4), &config, 0, |_| cell.get(), |_, s| cell.set(s))?;
+//! assert!(taken);
+//! assert_eq!(cell.get().tokens(), 6);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use core::time::Duration;
+
+use crate::config::{Bandwidth, BucketConfiguration};
+use crate::error::OperationError;
+use crate::listener::BucketListener;
+use crate::math::{self, MAX};
+use crate::state::BandwidthState;
+
+/// How many refilled bandwidth states are cached on the stack; beyond this they are recomputed
+/// on each access (still without allocating).
+const INLINE: usize = 4;
+
+/// A read-only view of a bucket's state, refilled to `now`, that operations plan on.
+#[derive(Debug)]
+pub struct Refilled<'a, R> {
+    config: &'a BucketConfiguration,
+    now: i64,
+    read: R,
+    cache: [BandwidthState; INLINE],
+}
+
+impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
+    /// Refills the states returned by `read` to `now`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
+    /// # use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let state = BucketState::new(&config, 0);
+    /// let view = Refilled::new(&config, 0, |i| state.bandwidths()[i]);
+    /// assert_eq!(view.available(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(config: &'a BucketConfiguration, now: i64, read: R) -> Self {
+        let mut cache = [BandwidthState::default(); INLINE];
+        for (i, (slot, b)) in cache.iter_mut().zip(config.bandwidths()).enumerate() {
+            *slot = math::refill(b, read(i), now);
+        }
+        Self {
+            config,
+            now,
+            read,
+            cache,
+        }
+    }
+
+    /// The clock reading the view is refilled to.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let state = BucketState::new(&config, 0);
+    /// assert_eq!(Refilled::new(&config, 42, |i| state.bandwidths()[i]).now(), 42);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn now(&self) -> i64 {
+        self.now
+    }
+
+    /// Number of bandwidths.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let state = BucketState::new(&config, 0);
+    /// assert_eq!(Refilled::new(&config, 0, |i| state.bandwidths()[i]).len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[allow(clippy::len_without_is_empty)] // a configuration is never empty
+    pub fn len(&self) -> usize {
+        self.config.bandwidths().len()
+    }
+
+    /// The refilled state of bandwidth `i`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let state = BucketState::new(&config, 0);
+    /// assert_eq!(Refilled::new(&config, 0, |i| state.bandwidths()[i]).get(0).tokens(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn get(&self, i: usize) -> BandwidthState {
+        if i < INLINE {
+            self.cache[i]
+        } else {
+            math::refill(&self.config.bandwidths()[i], (self.read)(i), self.now)
+        }
+    }
+
+    #[inline]
+    fn each(&self) -> impl Iterator<Item = (&Bandwidth, BandwidthState)> + '_ {
+        self.config
+            .bandwidths()
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (b, self.get(i)))
+    }
+
+    /// Available tokens: the minimum balance over the bandwidths.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let state = BucketState::new(&config, 0);
+    /// assert_eq!(Refilled::new(&config, 0, |i| state.bandwidths()[i]).available(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn available(&self) -> i64 {
+        self.each().map(|(_, s)| s.tokens).min().unwrap_or(0)
+    }
+
+    /// Wait for `n` tokens (section 5.2); `strict` makes requests above a capacity wait `MAX`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let state = BucketState::new(&config, 0);
+    /// let view = Refilled::new(&config, 0, |i| state.bandwidths()[i]);
+    /// assert_eq!(view.request_wait(11, true), i64::MAX as u64);
+    /// assert_eq!(view.request_wait(11, false), 100_000_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn request_wait(&self, n: u64, strict: bool) -> u64 {
+        self.each()
+            .map(|(b, s)| math::request_wait(b, &s, self.now, n, strict))
+            .max()
+            .unwrap_or(0) as u64
+    }
+
+    /// Time until every bandwidth is full, after subtracting `consumed` tokens (section 5.3).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let state = BucketState::new(&config, 0);
+    /// let view = Refilled::new(&config, 0, |i| state.bandwidths()[i]);
+    /// assert_eq!(view.reset_wait(0), 0);
+    /// assert_eq!(view.reset_wait(5), 500_000_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset_wait(&self, consumed: u64) -> u64 {
+        self.each()
+            .map(|(b, s)| {
+                let s = if consumed == 0 {
+                    s
+                } else {
+                    Mutation::Consume(consumed).apply(b, s)
+                };
+                math::reset_wait(b, &s, self.now)
+            })
+            .max()
+            .unwrap_or(0) as u64
+    }
+}
+
+/// A state change, applied to every refilled bandwidth state.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BandwidthState, ops::Mutation}; use core::time::Duration;
+/// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
+/// let s = Mutation::AddTokens(100).apply(&b, BandwidthState::from_parts(0, 3, 0));
+/// assert_eq!(s.tokens(), 10);
+/// # Ok::<(), bucket4rs_core::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Mutation {
+    /// Subtract tokens (callers guarantee the result stays above `-i64::MAX`).
+    Consume(u64),
+    /// Add tokens up to capacity.
+    AddTokens(u64),
+    /// Add tokens beyond capacity, saturating at `i64::MAX`.
+    ForceAddTokens(u64),
+    /// Set the balance to capacity.
+    Reset,
+}
+
+impl Mutation {
+    /// The new state of bandwidth `b` whose refilled state is `s`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BandwidthState, ops::Mutation}; use core::time::Duration;
+    /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
+    /// assert_eq!(Mutation::Consume(4).apply(&b, BandwidthState::from_parts(0, 3, 0)).tokens(), -1);
+    /// # Ok::<(), bucket4rs_core::ConfigError>(())
+    /// ```
+    #[inline]
+    pub fn apply(self, b: &Bandwidth, s: BandwidthState) -> BandwidthState {
+        let tokens = s.tokens as i128;
+        match self {
+            Self::Consume(n) => {
+                let t = (tokens - n as i128).max(i64::MIN as i128 + 1);
+                BandwidthState {
+                    tokens: t as i64,
+                    ..s
+                }
+            }
+            Self::AddTokens(n) => {
+                if tokens + n as i128 >= b.capacity as i128 {
+                    BandwidthState {
+                        tokens: b.capacity,
+                        remainder: 0,
+                        ..s
+                    }
+                } else {
+                    BandwidthState {
+                        tokens: (tokens + n as i128) as i64,
+                        ..s
+                    }
+                }
+            }
+            Self::ForceAddTokens(n) => {
+                if tokens + n as i128 > MAX as i128 {
+                    BandwidthState {
+                        tokens: MAX,
+                        remainder: 0,
+                        ..s
+                    }
+                } else {
+                    BandwidthState {
+                        tokens: (tokens + n as i128) as i64,
+                        ..s
+                    }
+                }
+            }
+            Self::Reset => BandwidthState {
+                tokens: b.capacity,
+                remainder: 0,
+                ..s
+            },
+        }
+    }
+}
+
+/// One bucket operation: plans its output and state change on a refilled view.
+///
+/// Implemented by the structs of this module; buckets of every kind run them through
+/// [`execute`], so all of them compute the same results.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::{AvailableTokens, Operation, Refilled}};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let state = BucketState::new(&config, 0);
+/// let view = Refilled::new(&config, 0, |i| state.bandwidths()[i]);
+/// let (available, change) = AvailableTokens.plan(&view)?;
+/// assert_eq!((available, change), (10, None));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait Operation {
+    /// What the operation returns.
+    type Output;
+
+    /// Decides the output, and the state change if any, from the refilled view.
+    ///
+    /// # Errors
+    /// An [`OperationError`] for invalid arguments or an impossible reservation.
+    fn plan<R: Fn(usize) -> BandwidthState>(
+        &self,
+        view: &Refilled<'_, R>,
+    ) -> Result<(Self::Output, Option<Mutation>), OperationError>;
+
+    /// Tells `listener` what the operation did (only consumption notifies).
+    fn notify<L: BucketListener + ?Sized>(&self, _output: &Self::Output, _listener: &L) {}
+}
+
+/// Runs `op` on the state read through `read` at clock reading `now`; when the state changes,
+/// every bandwidth's new state is passed to `write` (after all reads).
+///
+/// # Errors
+/// The operation's [`OperationError`]; `write` is then never called.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let state = BucketState::new(&config, 0);
+/// let mut written = 0;
+/// let ok = ops::execute(&ops::TryConsume(1), &config, 0, |i| state.bandwidths()[i], |_, _| written += 1)?;
+/// assert!(ok);
+/// assert_eq!(written, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[inline]
+pub fn execute<O, R, W>(
+    op: &O,
+    config: &BucketConfiguration,
+    now: i64,
+    read: R,
+    mut write: W,
+) -> Result<O::Output, OperationError>
+where
+    O: Operation + ?Sized,
+    R: Fn(usize) -> BandwidthState,
+    W: FnMut(usize, BandwidthState),
+{
+    let view = Refilled::new(config, now, read);
+    let (output, mutation) = op.plan(&view)?;
+    if let Some(m) = mutation {
+        for (i, b) in config.bandwidths().iter().enumerate() {
+            write(i, m.apply(b, view.get(i)));
+        }
+    }
+    Ok(output)
+}
+
+fn check_tokens(n: u64) -> Result<u64, OperationError> {
+    if n == 0 {
+        Err(OperationError::ZeroTokens)
+    } else {
+        Ok(n)
+    }
+}
+
+/// Consume `n` tokens if every bandwidth has them. Output: whether they were consumed.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::TryConsume};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let mut state = BucketState::new(&config, 0);
+/// assert!(!state.apply(&config, 0, &TryConsume(11))?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TryConsume(pub u64);
+
+impl Operation for TryConsume {
+    type Output = bool;
+    #[inline]
+    fn plan<R: Fn(usize) -> BandwidthState>(
+        &self,
+        view: &Refilled<'_, R>,
+    ) -> Result<(bool, Option<Mutation>), OperationError> {
+        let n = check_tokens(self.0)?;
+        if n as i128 <= view.available() as i128 {
+            Ok((true, Some(Mutation::Consume(n))))
+        } else {
+            Ok((false, None))
+        }
+    }
+    fn notify<L: BucketListener + ?Sized>(&self, consumed: &bool, listener: &L) {
+        if *consumed {
+            listener.on_consumed(self.0)
+        } else {
+            listener.on_rejected(self.0)
+        }
+    }
+}
+
+/// The result of [`TryConsumeAndReturnRemaining`].
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let mut state = BucketState::new(&config, 0);
+/// let probe = state.try_consume_and_return_remaining(&config, 0, 11)?;
+/// assert!(!probe.is_consumed());
+/// assert_eq!(probe.remaining_tokens(), 10);
+/// assert_eq!(probe.nanos_to_wait_for_refill(), i64::MAX as u64); // 11 > capacity: never
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ConsumptionProbe {
+    consumed: bool,
+    remaining_tokens: u64,
+    nanos_to_wait_for_refill: u64,
+    nanos_to_wait_for_reset: u64,
+}
+
+impl ConsumptionProbe {
+    /// A probe from its parts (used by backends that decode results).
+    ///
+    /// ```
+    /// # use bucket4rs_core::ConsumptionProbe;
+    /// assert!(ConsumptionProbe::new(true, 1, 0, 5).is_consumed());
+    /// ```
+    pub const fn new(
+        consumed: bool,
+        remaining: u64,
+        wait_for_refill: u64,
+        wait_for_reset: u64,
+    ) -> Self {
+        Self {
+            consumed,
+            remaining_tokens: remaining,
+            nanos_to_wait_for_refill: wait_for_refill,
+            nanos_to_wait_for_reset: wait_for_reset,
+        }
+    }
+    /// Whether the tokens were consumed.
+    ///
+    /// ```
+    /// # use bucket4rs_core::ConsumptionProbe;
+    /// assert!(!ConsumptionProbe::new(false, 0, 9, 9).is_consumed());
+    /// ```
+    pub const fn is_consumed(&self) -> bool {
+        self.consumed
+    }
+    /// Tokens left (never negative: a debt shows as 0).
+    ///
+    /// ```
+    /// # use bucket4rs_core::ConsumptionProbe;
+    /// assert_eq!(ConsumptionProbe::new(true, 3, 0, 5).remaining_tokens(), 3);
+    /// ```
+    pub const fn remaining_tokens(&self) -> u64 {
+        self.remaining_tokens
+    }
+    /// Nanoseconds until the request could succeed (0 when consumed; `i64::MAX` for never).
+    ///
+    /// ```
+    /// # use bucket4rs_core::ConsumptionProbe;
+    /// assert_eq!(ConsumptionProbe::new(false, 0, 9, 9).nanos_to_wait_for_refill(), 9);
+    /// ```
+    pub const fn nanos_to_wait_for_refill(&self) -> u64 {
+        self.nanos_to_wait_for_refill
+    }
+    /// Nanoseconds until every bandwidth is full again.
+    ///
+    /// ```
+    /// # use bucket4rs_core::ConsumptionProbe;
+    /// assert_eq!(ConsumptionProbe::new(true, 3, 0, 5).nanos_to_wait_for_reset(), 5);
+    /// ```
+    pub const fn nanos_to_wait_for_reset(&self) -> u64 {
+        self.nanos_to_wait_for_reset
+    }
+    /// [`nanos_to_wait_for_refill`](Self::nanos_to_wait_for_refill) as a `Duration`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::ConsumptionProbe; use core::time::Duration;
+    /// assert_eq!(ConsumptionProbe::new(false, 0, 9, 9).wait_for_refill(), Duration::from_nanos(9));
+    /// ```
+    pub const fn wait_for_refill(&self) -> Duration {
+        Duration::from_nanos(self.nanos_to_wait_for_refill)
+    }
+    /// [`nanos_to_wait_for_reset`](Self::nanos_to_wait_for_reset) as a `Duration`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::ConsumptionProbe; use core::time::Duration;
+    /// assert_eq!(ConsumptionProbe::new(true, 3, 0, 5).wait_for_reset(), Duration::from_nanos(5));
+    /// ```
+    pub const fn wait_for_reset(&self) -> Duration {
+        Duration::from_nanos(self.nanos_to_wait_for_reset)
+    }
+}
+
+/// Consume `n` tokens if possible, reporting remaining tokens and waits.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::TryConsumeAndReturnRemaining};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let mut state = BucketState::new(&config, 0);
+/// let probe = state.apply(&config, 0, &TryConsumeAndReturnRemaining(4))?;
+/// assert_eq!(probe.remaining_tokens(), 6);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TryConsumeAndReturnRemaining(pub u64);
+
+impl Operation for TryConsumeAndReturnRemaining {
+    type Output = ConsumptionProbe;
+    fn plan<R: Fn(usize) -> BandwidthState>(
+        &self,
+        view: &Refilled<'_, R>,
+    ) -> Result<(ConsumptionProbe, Option<Mutation>), OperationError> {
+        let n = check_tokens(self.0)?;
+        let a = view.available();
+        if n as i128 <= a as i128 {
+            let probe =
+                ConsumptionProbe::new(true, (a as i128 - n as i128) as u64, 0, view.reset_wait(n));
+            Ok((probe, Some(Mutation::Consume(n))))
+        } else {
+            let probe = ConsumptionProbe::new(
+                false,
+                a.max(0) as u64,
+                view.request_wait(n, true),
+                view.reset_wait(0),
+            );
+            Ok((probe, None))
+        }
+    }
+    fn notify<L: BucketListener + ?Sized>(&self, probe: &ConsumptionProbe, listener: &L) {
+        if probe.consumed {
+            listener.on_consumed(self.0)
+        } else {
+            listener.on_rejected(self.0)
+        }
+    }
+}
+
+/// The result of [`EstimateAbilityToConsume`].
+///
+/// ```
+/// # use bucket4rs_core::EstimationProbe;
+/// let p = EstimationProbe::new(false, 0, 100);
+/// assert!(!p.can_be_consumed());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct EstimationProbe {
+    can_be_consumed: bool,
+    remaining_tokens: u64,
+    nanos_to_wait_for_refill: u64,
+}
+
+impl EstimationProbe {
+    /// A probe from its parts.
+    ///
+    /// ```
+    /// # use bucket4rs_core::EstimationProbe;
+    /// assert_eq!(EstimationProbe::new(true, 5, 0).remaining_tokens(), 5);
+    /// ```
+    pub const fn new(can_be_consumed: bool, remaining: u64, wait_for_refill: u64) -> Self {
+        Self {
+            can_be_consumed,
+            remaining_tokens: remaining,
+            nanos_to_wait_for_refill: wait_for_refill,
+        }
+    }
+    /// Whether the tokens could be consumed now.
+    ///
+    /// ```
+    /// # use bucket4rs_core::EstimationProbe;
+    /// assert!(EstimationProbe::new(true, 5, 0).can_be_consumed());
+    /// ```
+    pub const fn can_be_consumed(&self) -> bool {
+        self.can_be_consumed
+    }
+    /// Tokens available (a debt shows as 0).
+    ///
+    /// ```
+    /// # use bucket4rs_core::EstimationProbe;
+    /// assert_eq!(EstimationProbe::new(true, 5, 0).remaining_tokens(), 5);
+    /// ```
+    pub const fn remaining_tokens(&self) -> u64 {
+        self.remaining_tokens
+    }
+    /// Nanoseconds until the request could succeed (`i64::MAX` for never).
+    ///
+    /// ```
+    /// # use bucket4rs_core::EstimationProbe;
+    /// assert_eq!(EstimationProbe::new(false, 0, 7).nanos_to_wait_for_refill(), 7);
+    /// ```
+    pub const fn nanos_to_wait_for_refill(&self) -> u64 {
+        self.nanos_to_wait_for_refill
+    }
+    /// The wait as a `Duration`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::EstimationProbe; use core::time::Duration;
+    /// assert_eq!(EstimationProbe::new(false, 0, 7).wait_for_refill(), Duration::from_nanos(7));
+    /// ```
+    pub const fn wait_for_refill(&self) -> Duration {
+        Duration::from_nanos(self.nanos_to_wait_for_refill)
+    }
+}
+
+/// Whether `n` tokens could be consumed now; changes nothing.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::EstimateAbilityToConsume};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let mut state = BucketState::new(&config, 0);
+/// assert!(state.apply(&config, 0, &EstimateAbilityToConsume(10))?.can_be_consumed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EstimateAbilityToConsume(pub u64);
+
+impl Operation for EstimateAbilityToConsume {
+    type Output = EstimationProbe;
+    fn plan<R: Fn(usize) -> BandwidthState>(
+        &self,
+        view: &Refilled<'_, R>,
+    ) -> Result<(EstimationProbe, Option<Mutation>), OperationError> {
+        let n = check_tokens(self.0)?;
+        let a = view.available();
+        let probe = if n as i128 <= a as i128 {
+            EstimationProbe::new(true, a as u64, 0)
+        } else {
+            EstimationProbe::new(false, a.max(0) as u64, view.request_wait(n, true))
+        };
+        Ok((probe, None))
+    }
+}
+
+/// Consume what is available, at most the limit (`None`: unlimited). Output: tokens consumed.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::TryConsumeAsMuchAsPossible};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let mut state = BucketState::new(&config, 0);
+/// assert_eq!(state.apply(&config, 0, &TryConsumeAsMuchAsPossible(None))?, 10);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TryConsumeAsMuchAsPossible(pub Option<u64>);
+
+impl Operation for TryConsumeAsMuchAsPossible {
+    type Output = u64;
+    fn plan<R: Fn(usize) -> BandwidthState>(
+        &self,
+        view: &Refilled<'_, R>,
+    ) -> Result<(u64, Option<Mutation>), OperationError> {
+        let limit = match self.0 {
+            Some(0) => return Err(OperationError::ZeroLimit),
+            Some(l) => l,
+            None => u64::MAX,
+        };
+        let a = view.available();
+        if a <= 0 {
+            return Ok((0, None));
+        }
+        let c = limit.min(a as u64);
+        Ok((c, Some(Mutation::Consume(c))))
+    }
+    fn notify<L: BucketListener + ?Sized>(&self, consumed: &u64, listener: &L) {
+        if *consumed > 0 {
+            listener.on_consumed(*consumed);
+        }
+    }
+}
+
+/// Add tokens, never above capacity.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::{AddTokens, TryConsume}};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let mut state = BucketState::new(&config, 0);
+/// state.apply(&config, 0, &TryConsume(5))?;
+/// state.apply(&config, 0, &AddTokens(2))?;
+/// assert_eq!(state.available_tokens(&config, 0), 7);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddTokens(pub u64);
+
+impl Operation for AddTokens {
+    type Output = ();
+    fn plan<R: Fn(usize) -> BandwidthState>(
+        &self,
+        _view: &Refilled<'_, R>,
+    ) -> Result<((), Option<Mutation>), OperationError> {
+        Ok(((), Some(Mutation::AddTokens(check_tokens(self.0)?))))
+    }
+}
+
+/// Add tokens, even above capacity.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::ForceAddTokens};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let mut state = BucketState::new(&config, 0);
+/// state.apply(&config, 0, &ForceAddTokens(2))?;
+/// assert_eq!(state.available_tokens(&config, 0), 12);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForceAddTokens(pub u64);
+
+impl Operation for ForceAddTokens {
+    type Output = ();
+    fn plan<R: Fn(usize) -> BandwidthState>(
+        &self,
+        _view: &Refilled<'_, R>,
+    ) -> Result<((), Option<Mutation>), OperationError> {
+        Ok(((), Some(Mutation::ForceAddTokens(check_tokens(self.0)?))))
+    }
+}
+
+/// Set every bandwidth to its capacity.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::{Reset, TryConsume}};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let mut state = BucketState::new(&config, 0);
+/// state.apply(&config, 0, &TryConsume(5))?;
+/// state.apply(&config, 0, &Reset)?;
+/// assert_eq!(state.available_tokens(&config, 0), 10);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reset;
+
+impl Operation for Reset {
+    type Output = ();
+    fn plan<R: Fn(usize) -> BandwidthState>(
+        &self,
+        _view: &Refilled<'_, R>,
+    ) -> Result<((), Option<Mutation>), OperationError> {
+        Ok(((), Some(Mutation::Reset)))
+    }
+}
+
+/// The balance after refill (may be negative). Never fails.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::AvailableTokens};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let mut state = BucketState::new(&config, 0);
+/// assert_eq!(state.apply(&config, 0, &AvailableTokens)?, 10);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AvailableTokens;
+
+impl Operation for AvailableTokens {
+    type Output = i64;
+    #[inline]
+    fn plan<R: Fn(usize) -> BandwidthState>(
+        &self,
+        view: &Refilled<'_, R>,
+    ) -> Result<(i64, Option<Mutation>), OperationError> {
+        Ok((view.available(), None))
+    }
+}
+
+/// Consume `n` tokens whatever the balance; output: nanoseconds until the debt is repaid.
+/// Fails with [`OperationError::WaitTooLong`] when that wait does not fit below `i64::MAX`.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::ConsumeIgnoringRateLimits};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let mut state = BucketState::new(&config, 0);
+/// assert_eq!(state.apply(&config, 0, &ConsumeIgnoringRateLimits(11))?, 100_000_000);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConsumeIgnoringRateLimits(pub u64);
+
+impl Operation for ConsumeIgnoringRateLimits {
+    type Output = u64;
+    fn plan<R: Fn(usize) -> BandwidthState>(
+        &self,
+        view: &Refilled<'_, R>,
+    ) -> Result<(u64, Option<Mutation>), OperationError> {
+        let n = check_tokens(self.0)?;
+        let w = view.request_wait(n, false);
+        if w >= MAX as u64 {
+            return Err(OperationError::WaitTooLong);
+        }
+        Ok((w, Some(Mutation::Consume(n))))
+    }
+    fn notify<L: BucketListener + ?Sized>(&self, _wait: &u64, listener: &L) {
+        listener.on_consumed(self.0);
+    }
+}
+
+/// Reserve `tokens` if the wait until they are paid for is at most `max_wait_nanos`.
+/// Output: `Some(wait)` when reserved (the caller then waits), `None` when refused.
+///
+/// This is the primitive behind blocking and async consumption.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Reserve};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let mut state = BucketState::new(&config, 0);
+/// let op = Reserve { tokens: 20, max_wait_nanos: u64::MAX };
+/// assert_eq!(state.apply(&config, 0, &op)?, Some(1_000_000_000));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reserve {
+    /// Tokens to reserve (may exceed the capacity: the debt is paid by waiting).
+    pub tokens: u64,
+    /// The longest acceptable wait, in nanoseconds (at least 1).
+    pub max_wait_nanos: u64,
+}
+
+impl Operation for Reserve {
+    type Output = Option<u64>;
+    fn plan<R: Fn(usize) -> BandwidthState>(
+        &self,
+        view: &Refilled<'_, R>,
+    ) -> Result<(Option<u64>, Option<Mutation>), OperationError> {
+        let n = check_tokens(self.tokens)?;
+        if self.max_wait_nanos == 0 {
+            return Err(OperationError::ZeroMaxWait);
+        }
+        let w = view.request_wait(n, false);
+        if w >= MAX as u64 || w > self.max_wait_nanos {
+            return Ok((None, None));
+        }
+        Ok((Some(w), Some(Mutation::Consume(n))))
+    }
+    fn notify<L: BucketListener + ?Sized>(&self, out: &Option<u64>, listener: &L) {
+        match out {
+            Some(_) => listener.on_consumed(self.tokens),
+            None => listener.on_rejected(self.tokens),
+        }
+    }
+}

@@ -1,0 +1,512 @@
+//! Bucket state: three integers per bandwidth, and the typed operations on a whole bucket.
+
+use alloc::vec::Vec;
+
+use crate::config::BucketConfiguration;
+use crate::error::{ConfigError, OperationError};
+use crate::math;
+use crate::ops::{self, ConsumptionProbe, EstimationProbe, Operation};
+use crate::replace::{self, TokensInheritanceStrategy};
+
+/// The state of one bandwidth: last refill time, balance and refill remainder.
+///
+/// The exact holding is `tokens + remainder / period_nanos` tokens. Plain data: it is what local
+/// buckets keep in atomics and what distributed backends store.
+///
+/// ```
+/// use bucket4rs_core::BandwidthState;
+/// let s = BandwidthState::from_parts(0, 10, 0);
+/// assert_eq!((s.last_refill_nanos(), s.tokens(), s.remainder()), (0, 10, 0));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct BandwidthState {
+    pub(crate) last_refill: i64,
+    pub(crate) tokens: i64,
+    pub(crate) remainder: i64,
+}
+
+impl BandwidthState {
+    /// A state from its three fields. Operations never panic on any values; use
+    /// [`BucketState::check`] to validate a restored state against its configuration.
+    ///
+    /// ```
+    /// # use bucket4rs_core::BandwidthState;
+    /// assert_eq!(BandwidthState::from_parts(5, -3, 1).tokens(), -3);
+    /// ```
+    pub const fn from_parts(last_refill_nanos: i64, tokens: i64, remainder: i64) -> Self {
+        Self {
+            last_refill: last_refill_nanos,
+            tokens,
+            remainder,
+        }
+    }
+
+    /// Clock reading of the last refill (may lie in the future).
+    ///
+    /// ```
+    /// # use bucket4rs_core::BandwidthState;
+    /// assert_eq!(BandwidthState::from_parts(5, 0, 0).last_refill_nanos(), 5);
+    /// ```
+    pub const fn last_refill_nanos(&self) -> i64 {
+        self.last_refill
+    }
+
+    /// Whole tokens; negative while the bucket is in debt.
+    ///
+    /// ```
+    /// # use bucket4rs_core::BandwidthState;
+    /// assert_eq!(BandwidthState::from_parts(0, 7, 0).tokens(), 7);
+    /// ```
+    pub const fn tokens(&self) -> i64 {
+        self.tokens
+    }
+
+    /// The refill remainder in units of `1 / period_nanos` token (`0 <= remainder < period`).
+    ///
+    /// ```
+    /// # use bucket4rs_core::BandwidthState;
+    /// assert_eq!(BandwidthState::from_parts(0, 7, 3).remainder(), 3);
+    /// ```
+    pub const fn remainder(&self) -> i64 {
+        self.remainder
+    }
+}
+
+/// Why a stored state does not fit a configuration.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, BucketState, StateError};
+/// # use core::time::Duration;
+/// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+/// let state = BucketState::from_bandwidths(vec![]);
+/// assert_eq!(state.check(&config), Err(StateError::BandwidthCount { expected: 1, found: 0 }));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StateError {
+    /// The state has a different number of bandwidths than the configuration.
+    BandwidthCount {
+        /// Bandwidths in the configuration.
+        expected: usize,
+        /// Bandwidths in the state.
+        found: usize,
+    },
+    /// A remainder lies outside `0..period` (or is non-zero for an interval refill).
+    Remainder {
+        /// Index of the offending bandwidth.
+        index: usize,
+    },
+}
+
+impl core::fmt::Display for StateError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::BandwidthCount { expected, found } => {
+                write!(
+                    f,
+                    "state has {found} bandwidths, configuration has {expected}"
+                )
+            }
+            Self::Remainder { index } => write!(f, "bandwidth {index} has an invalid remainder"),
+        }
+    }
+}
+
+impl core::error::Error for StateError {}
+
+/// The whole state of a bucket, one [`BandwidthState`] per bandwidth of its configuration.
+///
+/// Every operation is a pure method taking the configuration and the clock reading `now` (in
+/// nanoseconds on the clock's own timeline). Nothing here reads a clock or allocates except
+/// [`BucketState::new`] and [`BucketState::replace_configuration`].
+///
+/// ```
+/// use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState};
+/// use core::time::Duration;
+///
+/// let config = BucketConfiguration::builder()
+///     .add_limit(Bandwidth::simple(10, Duration::from_secs(1))?)
+///     .build()?;
+/// let mut state = BucketState::new(&config, 0);
+/// assert!(state.try_consume(&config, 0, 10)?);
+/// assert!(!state.try_consume(&config, 0, 1)?);
+/// // 100 ms later one token has been refilled.
+/// assert!(state.try_consume(&config, 100_000_000, 1)?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct BucketState {
+    bandwidths: Vec<BandwidthState>,
+}
+
+impl BucketState {
+    /// The state of a bucket built at clock reading `now`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// assert_eq!(BucketState::new(&config, 0).available_tokens(&config, 0), 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(config: &BucketConfiguration, now: i64) -> Self {
+        Self {
+            bandwidths: config
+                .bandwidths()
+                .iter()
+                .map(|b| math::fresh(b, now))
+                .collect(),
+        }
+    }
+
+    /// A state from raw per-bandwidth states (for restoring snapshots).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{BandwidthState, BucketState};
+    /// let s = BucketState::from_bandwidths(vec![BandwidthState::from_parts(0, 1, 0)]);
+    /// assert_eq!(s.bandwidths().len(), 1);
+    /// ```
+    pub fn from_bandwidths(bandwidths: Vec<BandwidthState>) -> Self {
+        Self { bandwidths }
+    }
+
+    /// The per-bandwidth states, in configuration order.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// assert_eq!(BucketState::new(&config, 0).bandwidths()[0].tokens(), 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bandwidths(&self) -> &[BandwidthState] {
+        &self.bandwidths
+    }
+
+    /// Checks that this state can belong to `config` (for states read from storage).
+    ///
+    /// # Errors
+    /// A [`StateError`] describing the mismatch.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// assert!(BucketState::new(&config, 0).check(&config).is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check(&self, config: &BucketConfiguration) -> Result<(), StateError> {
+        let bws = config.bandwidths();
+        if bws.len() != self.bandwidths.len() {
+            return Err(StateError::BandwidthCount {
+                expected: bws.len(),
+                found: self.bandwidths.len(),
+            });
+        }
+        for (index, (b, s)) in bws.iter().zip(&self.bandwidths).enumerate() {
+            let limit = if b.kind.is_interval() {
+                1
+            } else {
+                b.refill_period
+            };
+            if s.remainder < 0 || s.remainder >= limit {
+                return Err(StateError::Remainder { index });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs any [`Operation`] on this state in place. The typed methods below are shorthands.
+    ///
+    /// # Errors
+    /// The operation's [`OperationError`]; the state is then unchanged.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::TryConsume};
+    /// # use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// assert!(state.apply(&config, 0, &TryConsume(3))?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn apply<O: Operation>(
+        &mut self,
+        config: &BucketConfiguration,
+        now: i64,
+        op: &O,
+    ) -> Result<O::Output, OperationError> {
+        if config.bandwidths().len() != self.bandwidths.len() {
+            return Err(OperationError::StateMismatch);
+        }
+        let cells = core::cell::Cell::from_mut(&mut self.bandwidths[..]).as_slice_of_cells();
+        ops::execute(op, config, now, |i| cells[i].get(), |i, s| cells[i].set(s))
+    }
+
+    /// Consumes `tokens` if every bandwidth has them.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`].
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// assert!(state.try_consume(&config, 0, 4)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume(
+        &mut self,
+        config: &BucketConfiguration,
+        now: i64,
+        tokens: u64,
+    ) -> Result<bool, OperationError> {
+        self.apply(config, now, &ops::TryConsume(tokens))
+    }
+
+    /// Consumes `tokens` if possible and reports the remaining tokens and the waits.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`].
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// let probe = state.try_consume_and_return_remaining(&config, 0, 10)?;
+    /// assert!(probe.is_consumed());
+    /// assert_eq!(probe.nanos_to_wait_for_reset(), 1_000_000_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume_and_return_remaining(
+        &mut self,
+        config: &BucketConfiguration,
+        now: i64,
+        tokens: u64,
+    ) -> Result<ConsumptionProbe, OperationError> {
+        self.apply(config, now, &ops::TryConsumeAndReturnRemaining(tokens))
+    }
+
+    /// Whether `tokens` could be consumed now, and how long to wait otherwise. Changes nothing.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`].
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let state = BucketState::new(&config, 0);
+    /// assert!(state.estimate_ability_to_consume(&config, 0, 10)?.can_be_consumed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn estimate_ability_to_consume(
+        &self,
+        config: &BucketConfiguration,
+        now: i64,
+        tokens: u64,
+    ) -> Result<EstimationProbe, OperationError> {
+        if config.bandwidths().len() != self.bandwidths.len() {
+            return Err(OperationError::StateMismatch);
+        }
+        let b = &self.bandwidths;
+        ops::execute(
+            &ops::EstimateAbilityToConsume(tokens),
+            config,
+            now,
+            |i| b[i],
+            |_, _| {},
+        )
+    }
+
+    /// Consumes as many tokens as are available, at most `limit` (`None`: no limit).
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroLimit`] for `Some(0)`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// assert_eq!(state.try_consume_as_much_as_possible(&config, 0, Some(3))?, 3);
+    /// assert_eq!(state.try_consume_as_much_as_possible(&config, 0, None)?, 7);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume_as_much_as_possible(
+        &mut self,
+        config: &BucketConfiguration,
+        now: i64,
+        limit: Option<u64>,
+    ) -> Result<u64, OperationError> {
+        self.apply(config, now, &ops::TryConsumeAsMuchAsPossible(limit))
+    }
+
+    /// Adds tokens, never above capacity.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`].
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// state.add_tokens(&config, 0, 5)?;
+    /// assert_eq!(state.available_tokens(&config, 0), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn add_tokens(
+        &mut self,
+        config: &BucketConfiguration,
+        now: i64,
+        tokens: u64,
+    ) -> Result<(), OperationError> {
+        self.apply(config, now, &ops::AddTokens(tokens))
+    }
+
+    /// Adds tokens, even above capacity (saturating at `i64::MAX`).
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`].
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// state.force_add_tokens(&config, 0, 5)?;
+    /// assert_eq!(state.available_tokens(&config, 0), 15);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn force_add_tokens(
+        &mut self,
+        config: &BucketConfiguration,
+        now: i64,
+        tokens: u64,
+    ) -> Result<(), OperationError> {
+        self.apply(config, now, &ops::ForceAddTokens(tokens))
+    }
+
+    /// Sets every bandwidth to exactly its capacity.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// state.try_consume(&config, 0, 10)?;
+    /// state.reset(&config, 0);
+    /// assert_eq!(state.available_tokens(&config, 0), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset(&mut self, config: &BucketConfiguration, now: i64) {
+        for (bw, s) in config.bandwidths().iter().zip(self.bandwidths.iter_mut()) {
+            *s = ops::Mutation::Reset.apply(bw, math::refill(bw, *s, now));
+        }
+    }
+
+    /// The balance after refill: the minimum over the bandwidths, negative in debt.
+    /// (For a state that does not belong to `config` the value is meaningless but computed
+    /// without panicking; see [`BucketState::check`].)
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// state.consume_ignoring_rate_limits(&config, 0, 13)?;
+    /// assert_eq!(state.available_tokens(&config, 0), -3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn available_tokens(&self, config: &BucketConfiguration, now: i64) -> i64 {
+        let b = &self.bandwidths;
+        ops::Refilled::new(config, now, |i| b.get(i).copied().unwrap_or_default()).available()
+    }
+
+    /// Consumes `tokens` regardless of the balance and returns the nanoseconds until the debt
+    /// is repaid (0 without debt).
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`], or [`OperationError::WaitTooLong`] when the debt could
+    /// not be repaid within `i64::MAX` nanoseconds.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// assert_eq!(state.consume_ignoring_rate_limits(&config, 0, 12)?, 200_000_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn consume_ignoring_rate_limits(
+        &mut self,
+        config: &BucketConfiguration,
+        now: i64,
+        tokens: u64,
+    ) -> Result<u64, OperationError> {
+        self.apply(config, now, &ops::ConsumeIgnoringRateLimits(tokens))
+    }
+
+    /// Reserves `tokens` if the wait until they are paid for is at most `max_wait_nanos`;
+    /// returns the wait, or `None` (taking nothing) when it would be longer.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`] or [`OperationError::ZeroMaxWait`].
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// assert_eq!(state.reserve(&config, 0, 15, 1_000_000_000)?, Some(500_000_000));
+    /// assert_eq!(state.reserve(&config, 0, 15, 1_000_000_000)?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve(
+        &mut self,
+        config: &BucketConfiguration,
+        now: i64,
+        tokens: u64,
+        max_wait_nanos: u64,
+    ) -> Result<Option<u64>, OperationError> {
+        self.apply(
+            config,
+            now,
+            &ops::Reserve {
+                tokens,
+                max_wait_nanos,
+            },
+        )
+    }
+
+    /// Replaces the configuration, carrying tokens over with `strategy` (section 7 of the
+    /// semantics). Returns the new state; `self` is untouched on error.
+    ///
+    /// `wall_clock_based` tells whether the bucket's clock counts epoch time (aligned refill
+    /// needs it).
+    ///
+    /// # Errors
+    /// [`ConfigError::AlignedRefillNeedsWallClock`].
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, TokensInheritanceStrategy};
+    /// # use core::time::Duration;
+    /// let old = BucketConfiguration::builder().add_limit(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
+    /// let new = BucketConfiguration::builder().add_limit(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
+    /// let mut state = BucketState::new(&old, 0);
+    /// state.try_consume(&old, 0, 60)?;
+    /// let state = state.replace_configuration(&old, &new, 0, TokensInheritanceStrategy::Proportionally, false)?;
+    /// assert_eq!(state.available_tokens(&new, 0), 80);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn replace_configuration(
+        &self,
+        old: &BucketConfiguration,
+        new: &BucketConfiguration,
+        now: i64,
+        strategy: TokensInheritanceStrategy,
+        wall_clock_based: bool,
+    ) -> Result<BucketState, ConfigError> {
+        let b = &self.bandwidths;
+        replace::replace(
+            old,
+            |i| b.get(i).copied().unwrap_or_default(),
+            new,
+            now,
+            strategy,
+            wall_clock_based,
+        )
+    }
+}
