@@ -1,0 +1,114 @@
+//! Quick start: a bucket with two limits, driven by a manual clock so the output is the same
+//! on every run.
+//!
+//! ```text
+//! cargo run --release -p bucket4rs-examples --example quickstart
+//! ```
+//!
+//! This uses the pure core directly: a `BucketConfiguration` (shared, immutable), a
+//! `BucketState` (the tokens), and the clock reading passed to every call. The buckets of
+//! `bucket4rs-local` wrap exactly this, with a real clock and thread-safe state.
+
+use core::time::Duration;
+
+use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, Clock, ManualClock};
+
+fn main() -> Result<(), Box<dyn core::error::Error>> {
+    // 5 requests per second with bursts of up to 5, and at most 20 per minute on top.
+    let config = BucketConfiguration::builder()
+        .add_limit(Bandwidth::simple(5, Duration::from_secs(1))?)
+        .add_limit(
+            Bandwidth::builder()
+                .capacity(20)
+                .refill_intervally(20, Duration::from_secs(60))
+                .id("per-minute")
+                .build()?,
+        )
+        .build()?;
+    let clock = ManualClock::new(0);
+    let mut state = BucketState::new(&config, clock.now_nanos());
+
+    println!("limits: 5 per second (greedy refill) and 20 per minute (refilled each minute)\n");
+
+    let mut served = 0; // tokens consumed, for the per-minute count at the end
+
+    println!("a burst of 7 requests at once:");
+    for request in 1..=7 {
+        let probe = state.try_consume_and_return_remaining(&config, clock.now_nanos(), 1)?;
+        if probe.is_consumed() {
+            served += 1;
+            println!(
+                "  {} request {request}: allowed, {} left",
+                at(&clock),
+                probe.remaining_tokens()
+            );
+        } else {
+            println!(
+                "  {} request {request}: denied, retry after {:?}",
+                at(&clock),
+                probe.wait_for_refill()
+            );
+        }
+    }
+
+    // A denied probe's wait is exact: one nanosecond earlier is still too early.
+    let wait = state
+        .estimate_ability_to_consume(&config, clock.now_nanos(), 1)?
+        .nanos_to_wait_for_refill();
+    clock.advance_nanos(wait as i64 - 1);
+    let early = state.try_consume(&config, clock.now_nanos(), 1)?;
+    clock.advance_nanos(1);
+    let on_time = state.try_consume(&config, clock.now_nanos(), 1)?;
+    served += u64::from(early) + u64::from(on_time);
+    println!("\nwaiting exactly {:?}:", Duration::from_nanos(wait));
+    println!("  1 ns early: allowed = {early}; on time: allowed = {on_time}");
+
+    clock.advance(Duration::from_millis(700));
+    let estimate = state.estimate_ability_to_consume(&config, clock.now_nanos(), 5)?;
+    println!(
+        "\n{} can 5 be consumed? {} ({} available, wait {:?})",
+        at(&clock),
+        estimate.can_be_consumed(),
+        estimate.remaining_tokens(),
+        estimate.wait_for_refill()
+    );
+    let taken = state.try_consume_as_much_as_possible(&config, clock.now_nanos(), None)?;
+    println!("{} took as much as possible: {taken}", at(&clock));
+
+    println!("\na steady 5 per second until the per-minute limit bites:");
+    served += taken;
+    loop {
+        clock.advance(Duration::from_millis(200));
+        let probe = state.try_consume_and_return_remaining(&config, clock.now_nanos(), 1)?;
+        if !probe.is_consumed() {
+            println!(
+                "  {} denied: {served} tokens served this minute; next token in {:?}",
+                at(&clock),
+                probe.wait_for_refill()
+            );
+            break;
+        }
+        served += 1;
+    }
+    clock.advance(Duration::from_nanos(
+        state
+            .estimate_ability_to_consume(&config, clock.now_nanos(), 1)?
+            .nanos_to_wait_for_refill(),
+    ));
+    println!(
+        "  {} the minute is over: {} tokens available",
+        at(&clock),
+        state.available_tokens(&config, clock.now_nanos())
+    );
+    Ok(())
+}
+
+/// The clock reading as `t=1.234s`.
+fn at(clock: &ManualClock) -> String {
+    let nanos = clock.now_nanos();
+    format!(
+        "t={}.{:03}s",
+        nanos / 1_000_000_000,
+        nanos % 1_000_000_000 / 1_000_000
+    )
+}
