@@ -1,0 +1,193 @@
+//! The checks: `test`, `ci`, `loom` and `check-deps`.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use xshell::{Cmd, Shell, cmd};
+
+use crate::{project_root, services, step, tidy};
+
+/// Crates that must never enter bucket4rs-core's normal dependency closure: the core is
+/// `no_std`, pure and dependency-free apart from the optional `serde`.
+const FORBIDDEN_IN_CORE: [&str; 6] = [
+    "tokio",
+    "redis",
+    "tokio-postgres",
+    "parking_lot",
+    "crossbeam-utils",
+    "quanta",
+];
+
+/// The only direct dependencies bucket4rs-core may have (all optional).
+const ALLOWED_CORE_DIRECT: [&str; 1] = ["serde"];
+
+/// The only workspace crate allowed to depend on loom (through its private `primitive` module).
+const LOOM_USER: &str = "bucket4rs-local";
+
+/// Hook for `cargo xtask bench --quick` in `ci`. The bench command does not exist yet; whoever
+/// adds it writes `fn run(sh: &Shell, quick: bool) -> Result<()>` in a `bench` module, adds
+/// `cmd bench { optional --quick }` to `flags.rs`, and sets this to `Some(bench::run)`.
+const BENCH: Option<fn(&Shell, bool) -> Result<()>> = None;
+
+/// `cargo xtask test`: makes sure the services are up, then runs every test of the workspace.
+pub(crate) fn test(sh: &Shell) -> Result<()> {
+    step("services: Redis and PostgreSQL");
+    services::ensure(sh)?;
+    step("test");
+    cmd!(sh, "cargo test --workspace --all-features").run()?;
+    Ok(())
+}
+
+/// `cargo xtask ci`: everything CI checks, in order, stopping at the first failure.
+pub(crate) fn ci(sh: &Shell) -> Result<()> {
+    let started = Instant::now();
+
+    step("fmt");
+    cmd!(sh, "cargo fmt --all --check").run()?;
+
+    step("clippy");
+    cmd!(
+        sh,
+        "cargo clippy --workspace --all-targets --all-features -- -D warnings"
+    )
+    .run()?;
+
+    test(sh)?;
+
+    step("doc");
+    cmd!(sh, "cargo doc --workspace --all-features --no-deps")
+        .env("RUSTDOCFLAGS", "-D warnings")
+        .run()?;
+
+    step("no_std: bucket4rs-core without default features");
+    cmd!(sh, "cargo build -p bucket4rs-core --no-default-features").run()?;
+
+    check_deps(sh)?;
+
+    step("tidy");
+    tidy::check(&project_root())?;
+    println!("tidy: ok");
+
+    if sh.path_exists("crates/bucket4rs-local") {
+        loom(sh)?;
+    } else {
+        step("loom: skipped (no crates/bucket4rs-local yet)");
+    }
+
+    match BENCH {
+        Some(bench) => {
+            step("bench --quick");
+            bench(sh, true)?;
+        }
+        None => step("bench --quick: skipped (no `cargo xtask bench` yet)"),
+    }
+
+    println!(
+        "\nci: every check passed in {}s",
+        started.elapsed().as_secs()
+    );
+    Ok(())
+}
+
+/// `cargo xtask loom`: bucket4rs-local's loom models, in their own target directory so that
+/// `--cfg bucket4rs_loom` does not invalidate the normal build.
+pub(crate) fn loom(sh: &Shell) -> Result<()> {
+    step("loom");
+    if !sh.path_exists("crates/bucket4rs-local/Cargo.toml") {
+        bail!(
+            "loom: crates/bucket4rs-local does not exist yet; the loom models belong in its \
+             tests/loom.rs"
+        );
+    }
+    if !sh.path_exists("crates/bucket4rs-local/tests/loom.rs") {
+        bail!(
+            "loom: crates/bucket4rs-local/tests/loom.rs is missing; bucket4rs-local must have \
+             loom models (run with --cfg bucket4rs_loom)"
+        );
+    }
+    let rustflags = match std::env::var("RUSTFLAGS") {
+        Ok(flags) if !flags.trim().is_empty() => format!("{flags} --cfg bucket4rs_loom"),
+        _ => "--cfg bucket4rs_loom".to_owned(),
+    };
+    let preemptions = std::env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| "3".to_owned());
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| project_root().join("target"), Into::into)
+        .join("loom");
+    cmd!(
+        sh,
+        "cargo test -p bucket4rs-local --release --test loom --target-dir {target_dir}"
+    )
+    .env("RUSTFLAGS", rustflags)
+    .env("LOOM_MAX_PREEMPTIONS", preemptions)
+    .run()?;
+    Ok(())
+}
+
+/// `cargo xtask check-deps`: the layering invariants of ARCHITECTURE.md, from `cargo tree`.
+pub(crate) fn check_deps(sh: &Shell) -> Result<()> {
+    step("check-deps");
+    let mut problems = Vec::new();
+
+    let direct = names(cmd!(
+        sh,
+        "cargo tree -p bucket4rs-core -e normal --all-features --target all --prefix none --depth 1"
+    ))?;
+    for name in direct.iter().skip(1) {
+        if !ALLOWED_CORE_DIRECT.contains(&name.as_str()) {
+            problems.push(format!(
+                "bucket4rs-core depends on `{name}`; it may only depend on {ALLOWED_CORE_DIRECT:?}"
+            ));
+        }
+    }
+    let closure = names(cmd!(
+        sh,
+        "cargo tree -p bucket4rs-core -e normal --all-features --target all --prefix none"
+    ))?;
+    for name in FORBIDDEN_IN_CORE {
+        if closure.iter().any(|n| n == name) {
+            problems.push(format!(
+                "`{name}` is in bucket4rs-core's normal dependency closure (see `cargo tree -p \
+                 bucket4rs-core -e normal --all-features -i {name}`)"
+            ));
+        }
+    }
+
+    let everything = names(cmd!(
+        sh,
+        "cargo tree --workspace --all-features --target all -e all --prefix none"
+    ))?;
+    if everything.iter().any(|n| n == "loom") {
+        let users = names(cmd!(
+            sh,
+            "cargo tree --workspace --all-features --target all -e all --prefix none --depth 1 -i loom"
+        ))?;
+        for user in users.iter().skip(1) {
+            if user != LOOM_USER {
+                problems.push(format!(
+                    "`{user}` depends on loom; only {LOOM_USER} may (through its `primitive` module)"
+                ));
+            }
+        }
+    }
+
+    if !problems.is_empty() {
+        bail!("check-deps failed:\n  - {}", problems.join("\n  - "));
+    }
+    println!(
+        "check-deps: ok (bucket4rs-core's closure: {})",
+        closure.join(", ")
+    );
+    Ok(())
+}
+
+/// The package names of a `cargo tree --prefix none` listing, in order, without repeats.
+fn names(cmd: Cmd<'_>) -> Result<Vec<String>> {
+    let out = cmd.read().context("cargo tree failed")?;
+    let mut names: Vec<String> = Vec::new();
+    for name in out.lines().filter_map(|l| l.split_whitespace().next()) {
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
+}

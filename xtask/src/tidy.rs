@@ -1,0 +1,145 @@
+//! `cargo xtask tidy`, also run by `cargo test` (see `tests.rs`): workspace conventions that
+//! the compiler does not check.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+/// Checks every convention and reports all violations at once.
+pub(crate) fn check(root: &Path) -> Result<()> {
+    let mut problems = Vec::new();
+
+    for member in members(root)? {
+        let manifest_path = member.join("Cargo.toml");
+        let manifest = fs::read_to_string(&manifest_path)
+            .with_context(|| format!("reading {}", manifest_path.display()))?;
+        let shown = relative(root, &manifest_path);
+        if !section_has(&manifest, "[lints]", "workspace = true") {
+            problems.push(format!("{shown}: add `[lints]\\nworkspace = true`"));
+        }
+        if !section_has(&manifest, "[package]", "publish = false") {
+            let changelog = member.join("CHANGELOG.md");
+            let ok = fs::read_to_string(&changelog)
+                .is_ok_and(|text| text.lines().any(|l| l.trim_end() == "## [Unreleased]"));
+            if !ok {
+                problems.push(format!(
+                    "{}: a published crate needs a CHANGELOG.md with a `## [Unreleased]` header",
+                    relative(root, &member)
+                ));
+            }
+        }
+    }
+
+    let traces = root.join("testdata/conformance");
+    let count = fs::read_dir(&traces).map_or(0, |dir| {
+        dir.filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+            .count()
+    });
+    if count == 0 {
+        problems.push("testdata/conformance: no conformance trace (*.json)".to_owned());
+    }
+
+    let mut sources = Vec::new();
+    rust_files(&root.join("crates"), &mut sources)?;
+    for file in sources {
+        let text = fs::read_to_string(&file)?;
+        for (i, line) in text.lines().enumerate() {
+            if let Some(attr) = forbidden_attribute(line) {
+                problems.push(format!(
+                    "{}:{}: `#[{attr}]` is not used in this workspace; test the behaviour \
+                     (a panic: with catch_unwind or a Result) and let every test run",
+                    relative(root, &file),
+                    i + 1
+                ));
+            }
+        }
+    }
+
+    if !problems.is_empty() {
+        bail!(
+            "tidy found {} problem(s):\n  - {}",
+            problems.len(),
+            problems.join("\n  - ")
+        );
+    }
+    Ok(())
+}
+
+/// The directories of the workspace members listed in the root manifest's `members`
+/// (a trailing `/*` expands to every subdirectory with a Cargo.toml).
+fn members(root: &Path) -> Result<Vec<PathBuf>> {
+    let manifest = fs::read_to_string(root.join("Cargo.toml"))?;
+    let list = manifest
+        .split_once("members")
+        .and_then(|(_, rest)| rest.split_once('['))
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list)
+        .context("no `members = [...]` in the root Cargo.toml")?;
+    let mut members = Vec::new();
+    for pattern in list.split(',').map(|p| p.trim().trim_matches('"')) {
+        if pattern.is_empty() {
+            continue;
+        }
+        if let Some(parent) = pattern.strip_suffix("/*") {
+            let mut found: Vec<PathBuf> = fs::read_dir(root.join(parent))?
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.join("Cargo.toml").is_file())
+                .collect();
+            found.sort();
+            members.extend(found);
+        } else {
+            members.push(root.join(pattern));
+        }
+    }
+    Ok(members)
+}
+
+/// Whether the TOML `section` contains the line `line` (before the next section header).
+fn section_has(manifest: &str, section: &str, line: &str) -> bool {
+    manifest
+        .lines()
+        .skip_while(|l| l.trim() != section)
+        .skip(1)
+        .take_while(|l| !l.trim_start().starts_with('['))
+        .any(|l| l.split('#').next().unwrap_or_default().trim() == line)
+}
+
+/// The forbidden test attribute a line starts with, if any.
+fn forbidden_attribute(line: &str) -> Option<&'static str> {
+    let line = line.trim_start();
+    ["ignore", "should_panic"].into_iter().find(|attr| {
+        line.strip_prefix("#[")
+            .and_then(|rest| rest.strip_prefix(attr))
+            .is_some_and(|rest| rest.starts_with([']', '(', '=', ' ']))
+    })
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries {
+        let path = entry?.path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|n| n != "target") {
+                rust_files(&path, out)?;
+            }
+        } else if path.extension().is_some_and(|x| x == "rs") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn relative(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,35 @@
+use super::{check, forbidden_attribute, section_has};
+
+/// The whole repository follows the conventions: `cargo test` fails otherwise.
+#[test]
+fn tidy() {
+    if let Err(e) = check(&crate::project_root()) {
+        panic!("{e:#}\n(run `cargo xtask tidy` to see this again)");
+    }
+}
+
+#[test]
+fn recognises_forbidden_test_attributes() {
+    let attr = forbidden_attribute;
+    assert_eq!(attr("    #[ignore]"), Some("ignore"));
+    assert_eq!(attr("#[ignore = \"slow\"]"), Some("ignore"));
+    assert_eq!(
+        attr("#[should_panic(expected = \"x\")]"),
+        Some("should_panic")
+    );
+    assert_eq!(attr("#[should_panic]"), Some("should_panic"));
+    assert_eq!(attr("#[ignored_by_nothing]"), None);
+    assert_eq!(attr("// no #[ignore] here"), None);
+}
+
+#[test]
+fn reads_one_section_only() {
+    let manifest = "[package]\nname = \"x\"\n\n[lints]\nworkspace = true # inherit\n";
+    assert!(section_has(manifest, "[lints]", "workspace = true"));
+    assert!(!section_has(manifest, "[package]", "workspace = true"));
+    assert!(!section_has(
+        "[lints.rust]\nworkspace = true\n",
+        "[lints]",
+        "workspace = true"
+    ));
+}
