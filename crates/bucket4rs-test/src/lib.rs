@@ -10,9 +10,9 @@
 //! assert!(dir.ends_with("conformance") || std::env::var_os("BUCKET4RS_CONFORMANCE_DIR").is_some());
 //! ```
 
-use std::fmt::Write as _;
+use core::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use core::time::Duration;
 
 use bucket4rs_core::{
     Bandwidth, BucketConfiguration, ConsumptionProbe, EstimationProbe, ManualClock,
