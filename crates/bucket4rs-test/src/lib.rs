@@ -11,8 +11,8 @@
 //! ```
 
 use core::fmt::Write as _;
-use std::path::{Path, PathBuf};
 use core::time::Duration;
+use std::path::{Path, PathBuf};
 
 use bucket4rs_core::{
     Bandwidth, BucketConfiguration, ConsumptionProbe, EstimationProbe, ManualClock,
