@@ -13,8 +13,15 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use xshell::Shell;
 
-fn main() -> Result<()> {
-    let flags = flags::Xtask::from_env_or_exit();
+fn main() {
+    // Report the failing step, not an anyhow backtrace (RUST_BACKTRACE is often set in CI).
+    if let Err(e) = run(flags::Xtask::from_env_or_exit()) {
+        eprintln!("\nxtask failed: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(flags: flags::Xtask) -> Result<()> {
     let sh = Shell::new()?;
     sh.change_dir(project_root());
     match flags.subcommand {
