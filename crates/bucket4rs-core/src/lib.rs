@@ -31,6 +31,8 @@
 //! - `serde`: `Serialize`/`Deserialize` for configurations, states and probes.
 #![no_std]
 #![forbid(unsafe_code)]
+// Keep the no_std crate honest (these lints are only useful here, so not workspace-wide).
+#![warn(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
 #![cfg_attr(bucket4rs_docsrs, feature(doc_cfg))]
 
 extern crate alloc;

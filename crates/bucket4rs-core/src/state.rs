@@ -383,7 +383,8 @@ impl BucketState {
         self.apply(config, now, &ops::ForceAddTokens(tokens))
     }
 
-    /// Sets every bandwidth to exactly its capacity.
+    /// Sets every bandwidth to exactly its capacity. A state that does not belong to `config`
+    /// (see [`BucketState::check`]) is left unchanged.
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
@@ -395,9 +396,9 @@ impl BucketState {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn reset(&mut self, config: &BucketConfiguration, now: i64) {
-        for (bw, s) in config.bandwidths().iter().zip(self.bandwidths.iter_mut()) {
-            *s = ops::Mutation::Reset.apply(bw, math::refill(bw, *s, now));
-        }
+        // A state that does not belong to `config` is left unchanged, like every other
+        // operation leaves it (they report `StateMismatch`).
+        let _ = self.apply(config, now, &ops::Reset);
     }
 
     /// The balance after refill: the minimum over the bandwidths, negative in debt.

@@ -1,0 +1,531 @@
+//! The bucket type and its whole API, shared by every strategy.
+
+use core::time::Duration;
+
+use bucket4rs_core::ops::{self, Operation};
+use bucket4rs_core::{
+    BucketConfiguration, BucketListener, BucketState, Clock, ConfigError, ConsumptionProbe,
+    EstimationProbe, NoopListener, OperationError, TokensInheritanceStrategy,
+};
+
+use crate::builder::BucketBuilder;
+use crate::clock::FastClock;
+use crate::storage::{LockFree, Storage, Synchronized, Unsynchronized};
+use crate::verbose::VerboseBucket;
+
+/// A token bucket held in process memory.
+///
+/// `S` is the synchronization strategy ([`LockFree`], [`Synchronized`] or [`Unsynchronized`]),
+/// `C` the clock and `L` the listener; all three are type parameters, so every call is
+/// monomorphized: no dynamic dispatch, no boxing, and the default [`NoopListener`] compiles
+/// away. Use the aliases [`LockFreeBucket`], [`SynchronizedBucket`] and [`UnsyncBucket`].
+///
+/// ```
+/// use bucket4rs_local::{Bucket, LockFreeBucket};
+/// use std::time::Duration;
+///
+/// // 20 requests per minute, in bursts of at most 20.
+/// let bucket: LockFreeBucket = Bucket::builder()
+///     .add_limit(|l| l.capacity(20).refill_greedy(20, Duration::from_secs(60)))
+///     .build()?;
+/// if bucket.try_consume(1)? {
+///     // serve the request
+/// }
+/// let probe = bucket.try_consume_and_return_remaining(1)?;
+/// assert!(probe.is_consumed());
+/// assert_eq!(probe.remaining_tokens(), 18);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Bucket<S = LockFree, C = FastClock, L = NoopListener> {
+    storage: S,
+    clock: C,
+    listener: L,
+}
+
+/// A lock-free bucket (the default strategy).
+pub type LockFreeBucket<C = FastClock, L = NoopListener> = Bucket<LockFree, C, L>;
+/// A bucket behind a `parking_lot` mutex.
+pub type SynchronizedBucket<C = FastClock, L = NoopListener> = Bucket<Synchronized, C, L>;
+/// A single-threaded bucket: `Send` but not `Sync`.
+pub type UnsyncBucket<C = FastClock, L = NoopListener> = Bucket<Unsynchronized, C, L>;
+
+impl Bucket {
+    /// Starts a bucket builder (default clock [`FastClock`], no listener).
+    ///
+    /// ```
+    /// use bucket4rs_local::Bucket;
+    /// use std::time::Duration;
+    /// let bucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(5).refill_intervally(5, Duration::from_secs(1)))
+    ///     .build()?;
+    /// assert_eq!(bucket.available_tokens(), 5);
+    /// # Ok::<(), bucket4rs_local::ConfigError>(())
+    /// ```
+    pub fn builder() -> BucketBuilder {
+        BucketBuilder::new()
+    }
+}
+
+impl<S, C, L> Bucket<S, C, L> {
+    pub(crate) fn from_parts(storage: S, clock: C, listener: L) -> Self {
+        Self {
+            storage,
+            clock,
+            listener,
+        }
+    }
+
+    /// The storage, for strategy-specific diagnostics.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1))).build()?;
+    /// assert_eq!(bucket.storage().contention_retries(), 0);
+    /// # Ok::<(), bucket4rs_local::ConfigError>(())
+    /// ```
+    pub fn storage(&self) -> &S {
+        &self.storage
+    }
+
+    /// The clock.
+    ///
+    /// ```
+    /// # use bucket4rs_local::{Bucket, Clock, ManualClock}; use std::time::Duration;
+    /// let bucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
+    ///     .with_clock(ManualClock::new(7))
+    ///     .build()?;
+    /// assert_eq!(bucket.clock().now_nanos(), 7);
+    /// # Ok::<(), bucket4rs_local::ConfigError>(())
+    /// ```
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// The listener.
+    ///
+    /// ```
+    /// # use bucket4rs_local::{Bucket, NoopListener}; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1))).build()?;
+    /// assert_eq!(*bucket.listener(), NoopListener);
+    /// # Ok::<(), bucket4rs_local::ConfigError>(())
+    /// ```
+    pub fn listener(&self) -> &L {
+        &self.listener
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
+    /// Runs any core [`Operation`] at the current time and notifies the listener. The typed
+    /// methods below are shorthands for it.
+    ///
+    /// # Errors
+    /// The operation's [`OperationError`]; nothing changes then.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// use bucket4rs_core::ops::TryConsume;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_secs(1))).build()?;
+    /// assert!(bucket.execute(TryConsume(2))?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn execute<O: Operation>(&self, op: O) -> Result<O::Output, OperationError> {
+        let now = self.clock.now_nanos();
+        let out = self.storage.execute(&op, now)?;
+        // The state change is committed: a panicking listener cannot corrupt the bucket.
+        op.notify(&out, &self.listener);
+        Ok(out)
+    }
+
+    /// Consumes `tokens` if every limit has them; `Ok(false)` (taking nothing) otherwise.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_secs(60))).build()?;
+    /// assert!(bucket.try_consume(2)?);
+    /// assert!(!bucket.try_consume(1)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_consume(&self, tokens: u64) -> Result<bool, OperationError> {
+        self.execute(ops::TryConsume(tokens))
+    }
+
+    /// Like [`try_consume`](Self::try_consume), also reporting the remaining tokens, the wait
+    /// until the request could succeed and the wait until the bucket is full.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_secs(60))).build()?;
+    /// bucket.try_consume(2)?;
+    /// let probe = bucket.try_consume_and_return_remaining(1)?;
+    /// assert!(!probe.is_consumed());
+    /// assert!(probe.wait_for_refill() <= Duration::from_secs(30));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_consume_and_return_remaining(
+        &self,
+        tokens: u64,
+    ) -> Result<ConsumptionProbe, OperationError> {
+        self.execute(ops::TryConsumeAndReturnRemaining(tokens))
+    }
+
+    /// Whether `tokens` could be consumed now, and the wait otherwise. Consumes nothing and
+    /// notifies nobody.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_secs(60))).build()?;
+    /// assert!(bucket.estimate_ability_to_consume(2)?.can_be_consumed());
+    /// assert_eq!(bucket.available_tokens(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn estimate_ability_to_consume(
+        &self,
+        tokens: u64,
+    ) -> Result<EstimationProbe, OperationError> {
+        self.execute(ops::EstimateAbilityToConsume(tokens))
+    }
+
+    /// Consumes every available token; returns how many (0 when empty or in debt).
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(60))).build()?;
+    /// assert_eq!(bucket.try_consume_as_much_as_possible(), 5);
+    /// assert_eq!(bucket.try_consume_as_much_as_possible(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume_as_much_as_possible(&self) -> u64 {
+        self.execute(ops::TryConsumeAsMuchAsPossible(None))
+            .unwrap_or(0)
+    }
+
+    /// Consumes the available tokens, at most `limit`; returns how many.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroLimit`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(60))).build()?;
+    /// assert_eq!(bucket.try_consume_as_much_as_possible_with_limit(3)?, 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume_as_much_as_possible_with_limit(
+        &self,
+        limit: u64,
+    ) -> Result<u64, OperationError> {
+        self.execute(ops::TryConsumeAsMuchAsPossible(Some(limit)))
+    }
+
+    /// Adds tokens, never above capacity.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(60))).build()?;
+    /// bucket.try_consume(5)?;
+    /// bucket.add_tokens(2)?;
+    /// assert_eq!(bucket.available_tokens(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn add_tokens(&self, tokens: u64) -> Result<(), OperationError> {
+        self.execute(ops::AddTokens(tokens))
+    }
+
+    /// Adds tokens even above capacity (saturating at `i64::MAX`).
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(60))).build()?;
+    /// bucket.force_add_tokens(10)?;
+    /// assert_eq!(bucket.available_tokens(), 15);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn force_add_tokens(&self, tokens: u64) -> Result<(), OperationError> {
+        self.execute(ops::ForceAddTokens(tokens))
+    }
+
+    /// Refills every limit to exactly its capacity.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(60))).build()?;
+    /// bucket.try_consume(5)?;
+    /// bucket.reset();
+    /// assert_eq!(bucket.available_tokens(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset(&self) {
+        let _ = self.execute(ops::Reset);
+    }
+
+    /// The tokens available now; negative while in debt.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(60))).build()?;
+    /// bucket.consume_ignoring_rate_limits(7)?;
+    /// assert_eq!(bucket.available_tokens(), -2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn available_tokens(&self) -> i64 {
+        self.execute(ops::AvailableTokens).unwrap_or(0)
+    }
+
+    /// Consumes `tokens` whatever the balance and returns how long until the debt is repaid
+    /// (zero without debt).
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`], or [`OperationError::WaitTooLong`] when the debt could
+    /// never be repaid (the wait exceeds `i64::MAX` nanoseconds); nothing is consumed then.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// assert_eq!(bucket.consume_ignoring_rate_limits(12)?, Duration::from_millis(200));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn consume_ignoring_rate_limits(&self, tokens: u64) -> Result<Duration, OperationError> {
+        self.execute(ops::ConsumeIgnoringRateLimits(tokens))
+            .map(Duration::from_nanos)
+    }
+
+    /// Reserves `tokens` if the wait until they are paid for is at most `max_wait`, taking them
+    /// now: returns the wait (the caller must then wait before acting), or `None` when it would
+    /// be longer (nothing is taken). The primitive behind blocking and async consumption.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`], or [`OperationError::ZeroMaxWait`] for a zero `max_wait`.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// assert_eq!(bucket.reserve(15, Duration::from_secs(1))?, Some(Duration::from_millis(500)));
+    /// assert_eq!(bucket.reserve(15, Duration::from_secs(1))?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve(
+        &self,
+        tokens: u64,
+        max_wait: Duration,
+    ) -> Result<Option<Duration>, OperationError> {
+        let op = ops::Reserve {
+            tokens,
+            max_wait_nanos: nanos(max_wait),
+        };
+        self.execute(op).map(|w| w.map(Duration::from_nanos))
+    }
+
+    /// Replaces the configuration; `strategy` says how tokens carry over (bandwidths are matched
+    /// by id). Atomic with respect to concurrent consumption.
+    ///
+    /// # Errors
+    /// [`ConfigError::AlignedRefillNeedsWallClock`] when the new configuration uses aligned
+    /// refill and the clock is not wall-clock based; nothing changes then.
+    ///
+    /// ```
+    /// # use bucket4rs_local::{Bandwidth, Bucket, BucketConfiguration, TokensInheritanceStrategy};
+    /// # use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(100).refill_greedy(100, Duration::from_secs(60))).build()?;
+    /// bucket.try_consume(60)?;
+    /// let pro = BucketConfiguration::builder().add_limit(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
+    /// bucket.replace_configuration(pro, TokensInheritanceStrategy::Proportionally)?;
+    /// assert_eq!(bucket.available_tokens(), 80);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn replace_configuration(
+        &self,
+        config: BucketConfiguration,
+        strategy: TokensInheritanceStrategy,
+    ) -> Result<(), ConfigError> {
+        let wall = self.clock.is_wall_clock_based();
+        config.check_clock(wall)?;
+        let now = self.clock.now_nanos();
+        self.storage.replace_with(|old, read| {
+            let list = (0..old.bandwidths().len()).map(read).collect();
+            let state = BucketState::from_bandwidths(list)
+                .replace_configuration(old, &config, now, strategy, wall)?;
+            Ok((config.clone(), state))
+        })
+    }
+
+    /// The configuration in force.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(60))).build()?;
+    /// assert_eq!(bucket.configuration().bandwidths()[0].capacity(), 5);
+    /// # Ok::<(), bucket4rs_local::ConfigError>(())
+    /// ```
+    pub fn configuration(&self) -> BucketConfiguration {
+        self.storage.snapshot().0
+    }
+
+    /// A consistent copy of configuration and state, to persist and later restore with
+    /// [`BucketBuilder::with_snapshot`]. State times are readings of this bucket's clock, so
+    /// restore onto a clock with the same timeline (epoch-based clocks, such as the default,
+    /// survive restarts).
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(60))).build()?;
+    /// bucket.try_consume(3)?;
+    /// let copy = Bucket::builder().with_snapshot(bucket.snapshot())?.build()?;
+    /// assert_eq!(copy.available_tokens(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn snapshot(&self) -> BucketSnapshot {
+        let (configuration, state) = self.storage.snapshot();
+        BucketSnapshot {
+            configuration,
+            state,
+        }
+    }
+
+    /// A view of this bucket whose operations also return the configuration and a diagnostics
+    /// snapshot (Bucket4j's `asVerbose`).
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(5))).build()?;
+    /// let result = bucket.as_verbose().try_consume(2)?;
+    /// assert!(*result.value());
+    /// assert_eq!(result.available_tokens_per_bandwidth(), vec![3]);
+    /// assert_eq!(result.time_until_full(), Duration::from_secs(2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn as_verbose(&self) -> VerboseBucket<'_, S, C, L> {
+        VerboseBucket::new(self)
+    }
+
+    pub(crate) fn run_verbose<O: Operation>(
+        &self,
+        op: O,
+    ) -> Result<(O::Output, BucketConfiguration, i64), OperationError> {
+        let now = self.clock.now_nanos();
+        let (out, config) = self.storage.execute_with_config(&op, now)?;
+        op.notify(&out, &self.listener);
+        Ok((out, config, now))
+    }
+
+    /// A view sharing this bucket's state but notifying `listener` instead of this bucket's
+    /// listener (Bucket4j's `toListenable`, which *replaces* the listener).
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// use bucket4rs_core::BucketListener;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    ///
+    /// #[derive(Default)]
+    /// struct Consumed(AtomicU64);
+    /// impl BucketListener for Consumed {
+    ///     fn on_consumed(&self, n: u64) { self.0.fetch_add(n, Ordering::Relaxed); }
+    /// }
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(5))).build()?;
+    /// let counter = Consumed::default();
+    /// bucket.to_listenable(&counter).try_consume(2)?;
+    /// assert_eq!(counter.0.load(Ordering::Relaxed), 2);
+    /// assert_eq!(bucket.available_tokens(), 3); // same state
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn to_listenable<L2: BucketListener>(&self, listener: L2) -> Bucket<&S, &C, L2> {
+        Bucket {
+            storage: &self.storage,
+            clock: &self.clock,
+            listener,
+        }
+    }
+}
+
+/// A bucket's configuration and state, for persisting and restoring (serde with the `serde`
+/// feature).
+///
+/// ```
+/// # use bucket4rs_local::Bucket; use std::time::Duration;
+/// let bucket = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(60))).build()?;
+/// let snap = bucket.snapshot();
+/// assert_eq!(snap.state().bandwidths()[0].tokens(), 5);
+/// # Ok::<(), bucket4rs_local::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct BucketSnapshot {
+    configuration: BucketConfiguration,
+    state: BucketState,
+}
+
+impl BucketSnapshot {
+    /// A snapshot from its parts (checked when restored).
+    ///
+    /// ```
+    /// # use bucket4rs_local::{Bandwidth, BucketConfiguration, BucketSnapshot, BucketState}; use std::time::Duration;
+    /// let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// let s = BucketSnapshot::new(c.clone(), BucketState::new(&c, 0));
+    /// assert_eq!(s.configuration(), &c);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(configuration: BucketConfiguration, state: BucketState) -> Self {
+        Self {
+            configuration,
+            state,
+        }
+    }
+    /// The configuration.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let b = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(60))).build()?;
+    /// assert_eq!(b.snapshot().configuration().bandwidths().len(), 1);
+    /// # Ok::<(), bucket4rs_local::ConfigError>(())
+    /// ```
+    pub fn configuration(&self) -> &BucketConfiguration {
+        &self.configuration
+    }
+    /// The state (not refilled: as last written).
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let b = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(60))).build()?;
+    /// assert_eq!(b.snapshot().state().bandwidths().len(), 1);
+    /// # Ok::<(), bucket4rs_local::ConfigError>(())
+    /// ```
+    pub fn state(&self) -> &BucketState {
+        &self.state
+    }
+    /// Splits the snapshot into its parts.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let b = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(60))).build()?;
+    /// let (config, state) = b.snapshot().into_parts();
+    /// assert_eq!(config.bandwidths().len(), state.bandwidths().len());
+    /// # Ok::<(), bucket4rs_local::ConfigError>(())
+    /// ```
+    pub fn into_parts(self) -> (BucketConfiguration, BucketState) {
+        (self.configuration, self.state)
+    }
+}

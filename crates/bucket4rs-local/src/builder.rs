@@ -1,0 +1,310 @@
+//! The bucket builder.
+
+use bucket4rs_core::{
+    Bandwidth, BandwidthBuilder, BucketConfiguration, BucketListener, BucketState, Clock,
+    ConfigError, NoopListener, StateError,
+};
+
+use crate::bucket::{Bucket, BucketSnapshot, LockFreeBucket, SynchronizedBucket, UnsyncBucket};
+use crate::clock::FastClock;
+use crate::storage::{AnyStorage, NewStorage, SynchronizationStrategy};
+
+/// Something [`BucketBuilder::add_limit`] accepts: a built [`Bandwidth`], or a closure that
+/// configures a [`BandwidthBuilder`].
+///
+/// ```
+/// use bucket4rs_local::{Bandwidth, Bucket};
+/// use std::time::Duration;
+/// let bucket = Bucket::builder()
+///     .add_limit(Bandwidth::simple(10, Duration::from_secs(1))?)                 // prebuilt
+///     .add_limit(|l| l.capacity(100).refill_greedy(100, Duration::from_secs(60))) // closure
+///     .build()?;
+/// assert_eq!(bucket.configuration().bandwidths().len(), 2);
+/// # Ok::<(), bucket4rs_local::ConfigError>(())
+/// ```
+pub trait IntoLimit {
+    /// Builds the bandwidth.
+    ///
+    /// # Errors
+    /// The bandwidth's validation error.
+    fn into_limit(self) -> Result<Bandwidth, ConfigError>;
+}
+
+impl IntoLimit for Bandwidth {
+    fn into_limit(self) -> Result<Bandwidth, ConfigError> {
+        Ok(self)
+    }
+}
+
+impl<F: FnOnce(BandwidthBuilder) -> BandwidthBuilder> IntoLimit for F {
+    fn into_limit(self) -> Result<Bandwidth, ConfigError> {
+        self(Bandwidth::builder()).build()
+    }
+}
+
+/// Builds a [`Bucket`]: limits, clock, listener, then the strategy by the build method.
+///
+/// ```
+/// use bucket4rs_local::{Bucket, ManualClock};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new(0);
+/// let bucket = Bucket::builder()
+///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+///     .with_clock(clock.clone())
+///     .build_synchronized()?;
+/// assert!(bucket.try_consume(10)?);
+/// clock.advance(Duration::from_millis(100));
+/// assert!(bucket.try_consume(1)?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+#[must_use]
+pub struct BucketBuilder<C = FastClock, L = NoopListener> {
+    limits: Vec<Bandwidth>,
+    error: Option<ConfigError>,
+    state: Option<BucketState>,
+    clock: C,
+    listener: L,
+}
+
+impl Default for BucketBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BucketBuilder {
+    /// A builder with no limits, the [`FastClock`] and no listener.
+    ///
+    /// ```
+    /// use bucket4rs_local::BucketBuilder;
+    /// assert!(BucketBuilder::new().build().is_err()); // no limits
+    /// ```
+    pub fn new() -> Self {
+        Self {
+            limits: Vec::new(),
+            error: None,
+            state: None,
+            clock: FastClock,
+            listener: NoopListener,
+        }
+    }
+}
+
+impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
+    /// Adds a limit: a [`Bandwidth`] or a closure configuring one. A bad limit makes
+    /// [`build`](Self::build) fail with its error.
+    ///
+    /// ```
+    /// # use bucket4rs_local::{Bucket, ConfigError}; use std::time::Duration;
+    /// let err = Bucket::builder().add_limit(|l| l.capacity(0).refill_greedy(1, Duration::from_secs(1))).build();
+    /// assert_eq!(err.unwrap_err(), ConfigError::ZeroCapacity);
+    /// ```
+    pub fn add_limit(mut self, limit: impl IntoLimit) -> Self {
+        match limit.into_limit() {
+            Ok(b) => self.limits.push(b),
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
+        self
+    }
+
+    /// Uses every limit of `config` (after any added before).
+    ///
+    /// ```
+    /// # use bucket4rs_local::{Bandwidth, Bucket, BucketConfiguration}; use std::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
+    /// let bucket = Bucket::builder().with_configuration(&config).build()?;
+    /// assert_eq!(bucket.configuration(), config);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_configuration(mut self, config: &BucketConfiguration) -> Self {
+        self.limits.extend(config.bandwidths().iter().cloned());
+        self
+    }
+
+    /// Starts from a snapshot's configuration and state (replacing any limits added so far).
+    ///
+    /// # Errors
+    /// A [`StateError`] when the snapshot's state does not fit its configuration.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let a = Bucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(60))).build()?;
+    /// a.try_consume(5)?;
+    /// let b = Bucket::builder().with_snapshot(a.snapshot())?.build_synchronized()?;
+    /// assert!(b.available_tokens() < 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_snapshot(mut self, snapshot: BucketSnapshot) -> Result<Self, StateError> {
+        let (config, state) = snapshot.into_parts();
+        state.check(&config)?;
+        self.limits = config.bandwidths().to_vec();
+        self.state = Some(state);
+        Ok(self)
+    }
+
+    /// Sets the clock (default [`FastClock`]); e.g. a
+    /// [`ManualClock`](bucket4rs_core::ManualClock) in tests, or
+    /// [`SystemMillisClock`](bucket4rs_core::SystemMillisClock) for Bucket4j's time meter.
+    ///
+    /// ```
+    /// # use bucket4rs_local::{Bucket, MonotonicClock}; use std::time::Duration;
+    /// let bucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
+    ///     .with_clock(MonotonicClock::new())
+    ///     .build()?;
+    /// assert!(bucket.try_consume(1)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_clock<C2: Clock>(self, clock: C2) -> BucketBuilder<C2, L> {
+        BucketBuilder {
+            limits: self.limits,
+            error: self.error,
+            state: self.state,
+            clock,
+            listener: self.listener,
+        }
+    }
+
+    /// Sets the listener (default: none, at zero cost).
+    ///
+    /// ```
+    /// # use bucket4rs_local::{Bucket, NoopListener}; use std::time::Duration;
+    /// let bucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
+    ///     .with_listener(NoopListener)
+    ///     .build()?;
+    /// assert!(bucket.try_consume(1)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_listener<L2: BucketListener>(self, listener: L2) -> BucketBuilder<C, L2> {
+        BucketBuilder {
+            limits: self.limits,
+            error: self.error,
+            state: self.state,
+            clock: self.clock,
+            listener,
+        }
+    }
+
+    fn parts(self) -> Result<(BucketConfiguration, BucketState, C, L), ConfigError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let config = BucketConfiguration::new(self.limits)?;
+        config.check_clock(self.clock.is_wall_clock_based())?;
+        let state = match self.state {
+            Some(s) => s,
+            None => BucketState::new(&config, self.clock.now_nanos()),
+        };
+        Ok((config, state, self.clock, self.listener))
+    }
+
+    /// Builds a bucket on any storage type `S` (generic code; prefer the named methods).
+    ///
+    /// # Errors
+    /// See [`build`](Self::build).
+    ///
+    /// ```
+    /// # use bucket4rs_local::{Bucket, Synchronized}; use std::time::Duration;
+    /// let b = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
+    ///     .build_storage::<Synchronized>()?;
+    /// assert!(b.try_consume(1)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build_storage<S: NewStorage>(self) -> Result<Bucket<S, C, L>, ConfigError> {
+        let (config, state, clock, listener) = self.parts()?;
+        Ok(Bucket::from_parts(S::new(config, state), clock, listener))
+    }
+
+    /// Builds a lock-free bucket (the default strategy).
+    ///
+    /// # Errors
+    /// The first [`ConfigError`]: a bad limit, no limit, duplicate ids, or aligned refill on a
+    /// clock that is not wall-clock based.
+    ///
+    /// ```
+    /// # use bucket4rs_local::{Bucket, ConfigError};
+    /// assert_eq!(Bucket::builder().build().unwrap_err(), ConfigError::NoBandwidths);
+    /// ```
+    pub fn build(self) -> Result<LockFreeBucket<C, L>, ConfigError> {
+        self.build_storage()
+    }
+
+    /// Same as [`build`](Self::build), named for symmetry.
+    ///
+    /// # Errors
+    /// See [`build`](Self::build).
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let b = Bucket::builder().add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1))).build_lock_free()?;
+    /// assert!(b.try_consume(1)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build_lock_free(self) -> Result<LockFreeBucket<C, L>, ConfigError> {
+        self.build_storage()
+    }
+
+    /// Builds a bucket behind a `parking_lot` mutex.
+    ///
+    /// # Errors
+    /// See [`build`](Self::build).
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let b = Bucket::builder().add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1))).build_synchronized()?;
+    /// assert!(b.try_consume(1)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build_synchronized(self) -> Result<SynchronizedBucket<C, L>, ConfigError> {
+        self.build_storage()
+    }
+
+    /// Builds a single-threaded bucket (not `Sync`).
+    ///
+    /// # Errors
+    /// See [`build`](Self::build).
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// let b = Bucket::builder().add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1))).build_unsynchronized()?;
+    /// assert!(b.try_consume(1)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build_unsynchronized(self) -> Result<UnsyncBucket<C, L>, ConfigError> {
+        self.build_storage()
+    }
+
+    /// Builds a thread-safe bucket whose strategy is chosen at run time (e.g. read from a
+    /// configuration file). The single-threaded strategy is not offered here: only the type
+    /// system can prove a bucket stays on one thread, so it must be chosen at compile time.
+    ///
+    /// # Errors
+    /// See [`build`](Self::build).
+    ///
+    /// ```
+    /// # use bucket4rs_local::{Bucket, SynchronizationStrategy}; use std::time::Duration;
+    /// let strategy: SynchronizationStrategy = "synchronized".parse()?;
+    /// let b = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
+    ///     .build_with(strategy)?;
+    /// assert!(b.try_consume(1)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build_with(
+        self,
+        strategy: SynchronizationStrategy,
+    ) -> Result<Bucket<AnyStorage, C, L>, ConfigError> {
+        let (config, state, clock, listener) = self.parts()?;
+        Ok(Bucket::from_parts(
+            AnyStorage::new_with(strategy, config, state),
+            clock,
+            listener,
+        ))
+    }
+}
