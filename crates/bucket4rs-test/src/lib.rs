@@ -235,7 +235,7 @@ fn bandwidth(v: &Value) -> Result<Result<Bandwidth, String>, String> {
     Ok(b.build().map_err(|e| e.to_string()))
 }
 
-/// Converts a trace's bandwidth list into a configuration (see [`bandwidth`] for the nesting).
+/// Converts a trace's bandwidth list into a configuration (see the private `bandwidth` for the nesting).
 pub fn configuration(v: &Value) -> Result<Result<BucketConfiguration, String>, String> {
     let list = v.as_array().ok_or("bandwidths is not an array")?;
     let mut out = Vec::with_capacity(list.len());
