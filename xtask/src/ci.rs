@@ -154,12 +154,12 @@ pub(crate) fn check_deps(sh: &Shell) -> Result<()> {
 
     let everything = names(cmd!(
         sh,
-        "cargo tree --workspace --all-features --target all -e all --prefix none"
+        "cargo tree --workspace --all-features --target all -e normal,build,dev --prefix none"
     ))?;
     if everything.iter().any(|n| n == "loom") {
         let users = names(cmd!(
             sh,
-            "cargo tree --workspace --all-features --target all -e all --prefix none --depth 1 -i loom"
+            "cargo tree --workspace --all-features --target all -e normal,build,dev --prefix none --depth 1 -i loom"
         ))?;
         for user in users.iter().skip(1) {
             if user != LOOM_USER {
