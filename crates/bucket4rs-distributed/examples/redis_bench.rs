@@ -1,0 +1,2 @@
+//! Redis benchmark (work in progress).
+fn main() {}

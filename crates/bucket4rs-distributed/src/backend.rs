@@ -1,0 +1,200 @@
+//! The public backend trait: how a storage engine holds bucket records.
+//!
+//! A backend stores opaque records (see [`format`](crate::format)) under
+//! [`StorageKey`]s and runs a [`Transaction`] on one key atomically: it reads the record,
+//! calls [`Transaction::apply`], and writes what that returns, with no other writer of the
+//! key in between. The manager's transaction runs the core's exact
+//! [`Operation`](bucket4rs_core::ops::Operation)s, so a backend never does token math
+//! unless it wants a native fast path (the Redis backend runs a Lua script and has the
+//! result checked by the same transaction).
+//!
+//! See `docs/custom-backend.md` for a worked example.
+
+use core::fmt;
+use core::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::BackendError;
+use crate::key::StorageKey;
+
+/// What a transaction asks the backend to do with the key.
+///
+/// ```
+/// use bucket4rs_distributed::Write;
+/// assert_eq!(Write::Keep, Write::Keep);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Write {
+    /// Leave the key as it is (also when the operation failed).
+    Keep,
+    /// Store `record` under the key; let it expire after `ttl` (`None`: never).
+    ///
+    /// The TTL is the time until the bucket would be full again plus the manager's margin:
+    /// after that, dropping the key is indistinguishable from keeping it.
+    Put {
+        /// The encoded record.
+        record: Vec<u8>,
+        /// When the key may expire.
+        ttl: Option<Duration>,
+    },
+}
+
+/// The operation a transaction performs, for backends that can run some natively.
+///
+/// A backend that ignores it (calling [`Transaction::apply`] instead) is always correct.
+///
+/// ```
+/// use bucket4rs_distributed::Command;
+/// assert_ne!(Command::TryConsume(1), Command::AvailableTokens);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Command {
+    /// `try_consume(n)`
+    TryConsume(u64),
+    /// `try_consume_and_return_remaining(n)`
+    TryConsumeAndReturnRemaining(u64),
+    /// `estimate_ability_to_consume(n)` (read-only)
+    EstimateAbilityToConsume(u64),
+    /// `try_consume_as_much_as_possible(limit)`
+    TryConsumeAsMuchAsPossible(Option<u64>),
+    /// `add_tokens(n)`
+    AddTokens(u64),
+    /// `force_add_tokens(n)`
+    ForceAddTokens(u64),
+    /// `reset()`
+    Reset,
+    /// `available_tokens()` (read-only)
+    AvailableTokens,
+    /// `consume_ignoring_rate_limits(n)`
+    ConsumeIgnoringRateLimits(u64),
+    /// `reserve(tokens, max_wait_nanos)`
+    Reserve {
+        /// Tokens.
+        tokens: u64,
+        /// Longest acceptable wait.
+        max_wait_nanos: u64,
+    },
+    /// `replace_configuration(..)`: only through [`Transaction::apply`].
+    ReplaceConfiguration,
+}
+
+/// One atomic read-modify-write on a key, made by the manager and run by a backend.
+///
+/// `apply` may be called more than once (a backend retrying an optimistic write calls it
+/// again on the newer record); only the last call's result counts.
+pub trait Transaction: Send {
+    /// The operation, for native fast paths.
+    fn command(&self) -> Command;
+
+    /// Whether `apply` needs the backend's clock (`backend_now` must then be `Some`).
+    fn needs_backend_clock(&self) -> bool;
+
+    /// The margin the manager adds to every TTL (for native paths that compute TTLs).
+    fn ttl_margin(&self) -> Duration;
+
+    /// Decides what to write given the key's current record (`None`: absent or expired) and,
+    /// when asked for, the backend's clock reading in nanoseconds since the Unix epoch.
+    fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write;
+}
+
+/// Whether and how a backend can tell the time (for [`TimeSource::backend`](crate::TimeSource::backend)).
+///
+/// ```
+/// use bucket4rs_distributed::BackendClock;
+/// assert_ne!(BackendClock::None, BackendClock::WallClock);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BackendClock {
+    /// The backend has no clock: managers must use a client clock.
+    None,
+    /// Nanoseconds since the Unix epoch (aligned refill allowed).
+    WallClock,
+    /// Some other timeline shared by all clients (aligned refill refused).
+    Monotonic,
+}
+
+/// A storage engine for remote buckets.
+///
+/// Implementations must make [`transact`](Backend::transact) atomic per key against every
+/// other client of the same storage (other tasks, processes and machines). Everything else
+/// (argument checks, math, TTLs, retries, timeouts) is the manager's.
+///
+/// ```
+/// use async_trait::async_trait;
+/// use bucket4rs_distributed::{Backend, BackendError, StorageKey, Transaction, Write};
+/// use std::collections::HashMap;
+/// use std::sync::Mutex;
+///
+/// /// The smallest correct backend: one mutex around a map.
+/// #[derive(Debug, Default)]
+/// struct MapBackend(Mutex<HashMap<StorageKey, Vec<u8>>>);
+///
+/// #[async_trait]
+/// impl Backend for MapBackend {
+///     async fn transact(&self, key: &StorageKey, tx: &mut dyn Transaction) -> Result<(), BackendError> {
+///         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+///         if let Write::Put { record, .. } = tx.apply(map.get(key).map(Vec::as_slice), None) {
+///             map.insert(key.clone(), record);
+///         }
+///         Ok(())
+///     }
+///     async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+///         Ok(self.0.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned())
+///     }
+///     async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
+///         Ok(self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key).is_some())
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// Runs `tx` atomically on the record of `key`: read it, call [`Transaction::apply`],
+    /// store the result. When `tx.needs_backend_clock()`, pass the backend's time.
+    ///
+    /// # Errors
+    /// A [`BackendError`]; mark it [retryable](BackendError::retryable) only when the
+    /// transaction certainly did not take effect.
+    async fn transact(&self, key: &StorageKey, tx: &mut dyn Transaction)
+    -> Result<(), BackendError>;
+
+    /// The raw record of `key`, if any (expired keys count as absent).
+    ///
+    /// # Errors
+    /// A [`BackendError`].
+    async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError>;
+
+    /// Deletes `key`; whether it existed.
+    ///
+    /// # Errors
+    /// A [`BackendError`].
+    async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError>;
+
+    /// The backend's clock, if it has one. Default: none.
+    fn clock(&self) -> BackendClock {
+        BackendClock::None
+    }
+}
+
+#[async_trait]
+impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
+    async fn transact(
+        &self,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+    ) -> Result<(), BackendError> {
+        (**self).transact(key, tx).await
+    }
+    async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+        (**self).read(key).await
+    }
+    async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
+        (**self).remove(key).await
+    }
+    fn clock(&self) -> BackendClock {
+        (**self).clock()
+    }
+}

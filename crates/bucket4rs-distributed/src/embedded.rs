@@ -1,0 +1,271 @@
+//! The embedded in-memory backend: the default, and a keyed in-process limiter.
+
+use core::fmt;
+use core::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bucket4rs_core::{Clock, SystemNanosClock};
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry as MapEntry;
+
+use crate::backend::{Backend, BackendClock, Transaction, Write};
+use crate::error::{BackendError, BackendErrorKind};
+use crate::key::StorageKey;
+
+struct Slot {
+    record: Vec<u8>,
+    /// Backend-clock reading after which the key may be dropped (`None`: never).
+    expires_at: Option<i64>,
+}
+
+/// Sweeps never run more often than this many new keys apart.
+const MIN_SWEEP_INTERVAL: usize = 1024;
+
+/// Buckets in this process's memory, in a sharded concurrent map ([`dashmap`]).
+///
+/// - **Atomic per key**: a transaction runs under the write lock of the key's shard, so the
+///   core runs once per call with no retry loop.
+/// - **Bounded memory**: an idle key is dropped once its bucket would be full again (plus
+///   the manager's TTL margin) — never earlier, which would hand its client a fresh bucket.
+///   Expired keys read as absent at once and are swept when the map has doubled since the
+///   last sweep (amortised O(1) per new key), or by [`sweep`](Self::sweep).
+/// - **Optional hard cap** ([`with_max_keys`](Self::with_max_keys)): once that many live keys
+///   exist, a new key is refused with [`BackendErrorKind::CapacityExhausted`] (after a sweep)
+///   rather than evicting a key whose bucket is not full.
+///
+/// Why `dashmap`: its `entry` API gives an exclusive per-shard lock for a read-modify-write
+/// without a per-key mutex or a compare-and-swap loop; it is mature, widely used, and its
+/// shard count scales with the cores. A lock-free map (`papaya`) would need a CAS loop and a
+/// clone per update; `scc` is comparable but less common.
+///
+/// ```
+/// use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+/// use std::time::Duration;
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+/// let limiter = ProxyManager::new(EmbeddedBackend::new().with_max_keys(100_000));
+/// let per_ip = BucketConfiguration::builder()
+///     .add_limit(Bandwidth::simple(2, Duration::from_secs(1))?)
+///     .build()?;
+/// for ip in ["10.0.0.1", "10.0.0.2"] {
+///     let c = per_ip.clone();
+///     let bucket = limiter.builder().build(ip, move || c.clone())?;
+///     assert!(bucket.try_consume(2).await?);
+///     assert!(!bucket.try_consume(1).await?);
+/// }
+/// assert_eq!(limiter.backend().len(), 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct EmbeddedBackend {
+    map: DashMap<StorageKey, Slot>,
+    clock: Arc<dyn Clock + Send + Sync>,
+    max_keys: Option<usize>,
+    live: AtomicUsize,
+    next_sweep: AtomicUsize,
+}
+
+impl fmt::Debug for EmbeddedBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EmbeddedBackend")
+            .field("keys", &self.len())
+            .field("max_keys", &self.max_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for EmbeddedBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EmbeddedBackend {
+    /// An empty backend on the system clock (nanoseconds since the epoch), without a key cap.
+    ///
+    /// ```
+    /// assert!(bucket4rs_distributed::EmbeddedBackend::new().is_empty());
+    /// ```
+    pub fn new() -> Self {
+        Self::with_clock(SystemNanosClock)
+    }
+
+    /// An empty backend on `clock` (its time source for [`TimeSource::backend`](crate::TimeSource::backend)
+    /// and for expiry).
+    ///
+    /// ```
+    /// use bucket4rs_core::ManualClock;
+    /// let backend = bucket4rs_distributed::EmbeddedBackend::with_clock(ManualClock::new(0));
+    /// ```
+    pub fn with_clock(clock: impl Clock + Send + Sync + 'static) -> Self {
+        Self {
+            map: DashMap::new(),
+            clock: Arc::new(clock),
+            max_keys: None,
+            live: AtomicUsize::new(0),
+            next_sweep: AtomicUsize::new(MIN_SWEEP_INTERVAL),
+        }
+    }
+
+    /// Caps the number of keys.
+    ///
+    /// ```
+    /// let backend = bucket4rs_distributed::EmbeddedBackend::new().with_max_keys(10);
+    /// ```
+    #[must_use]
+    pub fn with_max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = Some(max_keys);
+        self
+    }
+
+    /// Keys held, including expired ones not yet swept.
+    ///
+    /// ```
+    /// assert_eq!(bucket4rs_distributed::EmbeddedBackend::new().len(), 0);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// Whether no key is held.
+    ///
+    /// ```
+    /// assert!(bucket4rs_distributed::EmbeddedBackend::new().is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every expired key now; how many.
+    ///
+    /// ```
+    /// assert_eq!(bucket4rs_distributed::EmbeddedBackend::new().sweep(), 0);
+    /// ```
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now_nanos();
+        let mut dropped = 0;
+        self.map.retain(|_, slot| {
+            let keep = !expired(slot, now);
+            if !keep {
+                dropped += 1;
+            }
+            keep
+        });
+        self.live.fetch_sub(dropped, Ordering::AcqRel);
+        let left = self.len();
+        self.next_sweep.store(
+            left.saturating_mul(2).max(MIN_SWEEP_INTERVAL),
+            Ordering::Release,
+        );
+        dropped
+    }
+
+    fn try_reserve(&self) -> bool {
+        let Some(max) = self.max_keys else {
+            self.live.fetch_add(1, Ordering::AcqRel);
+            return true;
+        };
+        self.live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn expiry(&self, now: i64, ttl: Option<core::time::Duration>) -> Option<i64> {
+        ttl.map(|t| now.saturating_add(i64::try_from(t.as_nanos()).unwrap_or(i64::MAX)))
+    }
+}
+
+fn expired(slot: &Slot, now: i64) -> bool {
+    slot.expires_at.is_some_and(|at| now >= at)
+}
+
+#[async_trait]
+impl Backend for EmbeddedBackend {
+    async fn transact(
+        &self,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+    ) -> Result<(), BackendError> {
+        let mut swept = false;
+        loop {
+            let now = self.clock.now_nanos();
+            let backend_now = tx.needs_backend_clock().then_some(now);
+            match self.map.entry(key.clone()) {
+                MapEntry::Occupied(mut o) => {
+                    let current = (!expired(o.get(), now)).then(|| o.get().record.as_slice());
+                    match tx.apply(current, backend_now) {
+                        Write::Put { record, ttl } => {
+                            let expires_at = self.expiry(now, ttl);
+                            *o.get_mut() = Slot { record, expires_at };
+                        }
+                        Write::Keep if current.is_none() => {
+                            o.remove();
+                            self.live.fetch_sub(1, Ordering::AcqRel);
+                        }
+                        Write::Keep => {}
+                    }
+                    return Ok(());
+                }
+                MapEntry::Vacant(v) => {
+                    if !self.try_reserve() {
+                        drop(v);
+                        if swept {
+                            return Err(BackendError::new(
+                                BackendErrorKind::CapacityExhausted,
+                                "the embedded backend holds its maximum number of keys",
+                            ));
+                        }
+                        self.sweep();
+                        swept = true;
+                        continue;
+                    }
+                    match tx.apply(None, backend_now) {
+                        Write::Put { record, ttl } => {
+                            let expires_at = self.expiry(now, ttl);
+                            v.insert(Slot { record, expires_at });
+                        }
+                        Write::Keep => {
+                            self.live.fetch_sub(1, Ordering::AcqRel);
+                            return Ok(());
+                        }
+                    }
+                    if self.len() > self.next_sweep.load(Ordering::Acquire) {
+                        self.sweep();
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+        let now = self.clock.now_nanos();
+        Ok(self
+            .map
+            .get(key)
+            .filter(|s| !expired(s, now))
+            .map(|s| s.record.clone()))
+    }
+
+    async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
+        let now = self.clock.now_nanos();
+        match self.map.remove(key) {
+            Some((_, slot)) => {
+                self.live.fetch_sub(1, Ordering::AcqRel);
+                Ok(!expired(&slot, now))
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn clock(&self) -> BackendClock {
+        if self.clock.is_wall_clock_based() {
+            BackendClock::WallClock
+        } else {
+            BackendClock::Monotonic
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! Typed errors of remote buckets and backends.
+
+use core::fmt;
+use core::time::Duration;
+use std::error::Error as StdError;
+
+use bucket4rs_core::{ConfigError, OperationError, StateError};
+
+/// Why stored bytes could not be read as a bucket record (see `docs/distributed.md`).
+///
+/// Every malformed input maps to one of these; decoding never panics and never returns a
+/// record that was not written as such.
+///
+/// ```
+/// use bucket4rs_distributed::{FormatError, format};
+/// assert_eq!(format::decode(b"b4").unwrap_err(), FormatError::Truncated);
+/// assert!(matches!(format::decode(b"xxxxxxxxxxxx"), Err(FormatError::BadMagic)));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FormatError {
+    /// The bytes end before the record does.
+    Truncated,
+    /// The bytes do not start with the record magic (`b4rs`): not a bucket record.
+    BadMagic,
+    /// The record was written by a newer format version than this library reads.
+    UnsupportedVersion {
+        /// The version found in the record.
+        found: u8,
+        /// The newest version this library reads.
+        newest_supported: u8,
+    },
+    /// A field holds a value no writer produces (named by `what`).
+    Invalid {
+        /// The offending field.
+        what: &'static str,
+    },
+    /// The configuration section does not match its checksum.
+    ChecksumMismatch,
+    /// Bytes remain after the record.
+    TrailingBytes,
+    /// The stored configuration is not a valid configuration.
+    Config(ConfigError),
+    /// The stored state does not fit the stored configuration.
+    State(StateError),
+    /// The storage holds something else under the key (e.g. a Redis list).
+    WrongType {
+        /// What the storage reported.
+        found: String,
+    },
+}
+
+impl fmt::Display for FormatError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Truncated => f.write_str("stored bucket record is truncated"),
+            Self::BadMagic => f.write_str("stored value is not a bucket record (bad magic)"),
+            Self::UnsupportedVersion {
+                found,
+                newest_supported,
+            } => write!(
+                f,
+                "stored bucket record has format version {found}; this library reads up to {newest_supported}"
+            ),
+            Self::Invalid { what } => write!(f, "stored bucket record has an invalid {what}"),
+            Self::ChecksumMismatch => {
+                f.write_str("stored bucket configuration does not match its checksum")
+            }
+            Self::TrailingBytes => f.write_str("stored bucket record has trailing bytes"),
+            Self::Config(e) => write!(f, "stored bucket configuration is invalid: {e}"),
+            Self::State(e) => write!(f, "stored bucket state is invalid: {e}"),
+            Self::WrongType { found } => {
+                write!(f, "the key holds a value of type {found}, not a bucket record")
+            }
+        }
+    }
+}
+
+impl StdError for FormatError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Self::Config(e) => Some(e),
+            Self::State(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Why a key cannot be used.
+///
+/// ```
+/// use bucket4rs_distributed::{KeyError, KeyPolicy};
+/// let policy = KeyPolicy::new("rl")?.max_len(16);
+/// assert!(matches!(policy.key(&[b'x'; 100]), Err(KeyError::TooLong { .. })));
+/// # Ok::<(), KeyError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The encoded key is longer than the limit.
+    TooLong {
+        /// Length of the encoded storage key, in bytes.
+        len: usize,
+        /// The configured limit.
+        max: usize,
+    },
+    /// The prefix is empty, too long, or contains a byte outside `[A-Za-z0-9._:/-]`.
+    InvalidPrefix,
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::TooLong { len, max } => {
+                write!(f, "storage key of {len} bytes exceeds the limit of {max}")
+            }
+            Self::InvalidPrefix => f.write_str(
+                "key prefix must be 1 to 64 bytes of [A-Za-z0-9._:/-] (no braces: no hash tags)",
+            ),
+        }
+    }
+}
+
+impl StdError for KeyError {}
+
+/// The broad class of a [`BackendError`].
+///
+/// ```
+/// use bucket4rs_distributed::{BackendError, BackendErrorKind};
+/// let e = BackendError::new(BackendErrorKind::Unavailable, "connection refused");
+/// assert_eq!(e.kind(), BackendErrorKind::Unavailable);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BackendErrorKind {
+    /// The backend cannot be reached (down, refused, connection lost).
+    Unavailable,
+    /// The backend did not answer in time.
+    Timeout,
+    /// The backend answered something this library does not understand.
+    Protocol,
+    /// An optimistic write lost against a concurrent writer (retried by the manager).
+    Conflict,
+    /// The key holds a value of another type (the message names it); reported to callers
+    /// as [`FormatError::WrongType`].
+    WrongType,
+    /// The backend refuses new keys (e.g. the embedded backend's key cap).
+    CapacityExhausted,
+    /// The backend computed a state that differs from the core's (a bug, reported loudly).
+    Inconsistent,
+    /// Anything else.
+    Other,
+}
+
+/// An error reported by a [`Backend`](crate::Backend).
+///
+/// Opaque on purpose: it carries a kind, a message, whether the manager may retry, and an
+/// optional source error, but never a driver's types in its signature.
+///
+/// ```
+/// use bucket4rs_distributed::{BackendError, BackendErrorKind};
+/// let e = BackendError::new(BackendErrorKind::Conflict, "lost a race").retryable(true);
+/// assert!(e.is_retryable());
+/// assert_eq!(e.to_string(), "backend error (Conflict): lost a race");
+/// ```
+#[derive(Debug)]
+pub struct BackendError {
+    kind: BackendErrorKind,
+    message: String,
+    retryable: bool,
+    source: Option<Box<dyn StdError + Send + Sync>>,
+}
+
+impl BackendError {
+    /// A new error; not retryable unless [`retryable`](Self::retryable) says so.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{BackendError, BackendErrorKind};
+    /// assert!(!BackendError::new(BackendErrorKind::Other, "x").is_retryable());
+    /// ```
+    pub fn new(kind: BackendErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            retryable: false,
+            source: None,
+        }
+    }
+
+    /// Marks whether retrying cannot apply the operation twice (e.g. the request was never
+    /// sent, or a compare-and-set lost).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{BackendError, BackendErrorKind};
+    /// assert!(BackendError::new(BackendErrorKind::Unavailable, "x").retryable(true).is_retryable());
+    /// ```
+    #[must_use]
+    pub fn retryable(mut self, retryable: bool) -> Self {
+        self.retryable = retryable;
+        self
+    }
+
+    /// Attaches the underlying error.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{BackendError, BackendErrorKind};
+    /// use std::error::Error;
+    /// let io = std::io::Error::other("boom");
+    /// let e = BackendError::new(BackendErrorKind::Unavailable, "x").with_source(io);
+    /// assert!(e.source().is_some());
+    /// ```
+    #[must_use]
+    pub fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// The kind.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{BackendError, BackendErrorKind};
+    /// assert_eq!(BackendError::new(BackendErrorKind::Timeout, "x").kind(), BackendErrorKind::Timeout);
+    /// ```
+    pub fn kind(&self) -> BackendErrorKind {
+        self.kind
+    }
+
+    /// Whether the manager may retry.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{BackendError, BackendErrorKind};
+    /// assert!(!BackendError::new(BackendErrorKind::Timeout, "x").is_retryable());
+    /// ```
+    pub fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+
+    /// The message.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{BackendError, BackendErrorKind};
+    /// assert_eq!(BackendError::new(BackendErrorKind::Other, "hi").message(), "hi");
+    /// ```
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "backend error ({:?}): {}", self.kind, self.message)
+    }
+}
+
+impl StdError for BackendError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+/// The error of every remote-bucket call.
+///
+/// Being rate-limited is not an error (it is a `false`, a probe, …); these are invalid
+/// arguments, bad stored data and backend failures.
+///
+/// ```
+/// use bucket4rs_distributed::{DistributedError, ProxyManager, EmbeddedBackend};
+/// use bucket4rs_core::{Bandwidth, BucketConfiguration, OperationError};
+/// use std::time::Duration;
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+/// let manager = ProxyManager::new(EmbeddedBackend::new());
+/// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+/// let bucket = manager.builder().build("k", move || config.clone())?;
+/// let err = bucket.try_consume(0).await.unwrap_err();
+/// assert_eq!(err, DistributedError::Operation(OperationError::ZeroTokens));
+/// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum DistributedError {
+    /// Invalid arguments (checked before any round trip) or a refused reservation.
+    Operation(OperationError),
+    /// The supplied or replacement configuration is invalid (or needs a wall clock).
+    Config(ConfigError),
+    /// The key cannot be stored.
+    Key(KeyError),
+    /// The stored bytes are not a readable bucket record.
+    Format(FormatError),
+    /// The call did not complete within the configured timeout.
+    Timeout {
+        /// The timeout that elapsed.
+        after: Duration,
+    },
+    /// The backend failed (after the bounded retries, when the failure was retryable).
+    Backend(BackendError),
+    /// A blocking call was made where it cannot block (inside an async context, or on a
+    /// current-thread runtime that would never make progress).
+    Blocking(&'static str),
+}
+
+impl PartialEq for DistributedError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Operation(a), Self::Operation(b)) => a == b,
+            (Self::Config(a), Self::Config(b)) => a == b,
+            (Self::Key(a), Self::Key(b)) => a == b,
+            (Self::Format(a), Self::Format(b)) => a == b,
+            (Self::Timeout { after: a }, Self::Timeout { after: b }) => a == b,
+            (Self::Backend(a), Self::Backend(b)) => {
+                a.kind == b.kind && a.message == b.message
+            }
+            (Self::Blocking(a), Self::Blocking(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl DistributedError {
+    /// Whether this is a failure of the infrastructure (timeout or backend error) rather
+    /// than of the caller's input or the stored data: what a [`FailurePolicy`](crate::FailurePolicy)
+    /// acts on.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::DistributedError; use std::time::Duration;
+    /// assert!(DistributedError::Timeout { after: Duration::from_millis(5) }.is_unavailable());
+    /// ```
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Timeout { .. } | Self::Backend(_))
+    }
+}
+
+impl fmt::Display for DistributedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Operation(e) => write!(f, "{e}"),
+            Self::Config(e) => write!(f, "{e}"),
+            Self::Key(e) => write!(f, "{e}"),
+            Self::Format(e) => write!(f, "{e}"),
+            Self::Timeout { after } => write!(f, "the backend call timed out after {after:?}"),
+            Self::Backend(e) => write!(f, "{e}"),
+            Self::Blocking(why) => write!(f, "cannot block here: {why}"),
+        }
+    }
+}
+
+impl StdError for DistributedError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Self::Operation(e) => Some(e),
+            Self::Config(e) => Some(e),
+            Self::Key(e) => Some(e),
+            Self::Format(e) => Some(e),
+            Self::Backend(e) => Some(e),
+            Self::Timeout { .. } | Self::Blocking(_) => None,
+        }
+    }
+}
+
+impl From<OperationError> for DistributedError {
+    fn from(e: OperationError) -> Self {
+        Self::Operation(e)
+    }
+}
+impl From<ConfigError> for DistributedError {
+    fn from(e: ConfigError) -> Self {
+        Self::Config(e)
+    }
+}
+impl From<KeyError> for DistributedError {
+    fn from(e: KeyError) -> Self {
+        Self::Key(e)
+    }
+}
+impl From<FormatError> for DistributedError {
+    fn from(e: FormatError) -> Self {
+        Self::Format(e)
+    }
+}
+impl From<BackendError> for DistributedError {
+    fn from(e: BackendError) -> Self {
+        Self::Backend(e)
+    }
+}

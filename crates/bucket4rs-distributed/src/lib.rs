@@ -1,0 +1,63 @@
+//! # bucket4rs-distributed
+//!
+//! Remote token buckets shared by many instances of a service — one limit per API key,
+//! tenant or IP — with the local bucket API and the exact math of
+//! [`bucket4rs_core`]: every backend runs the core's
+//! [`Operation`](bucket4rs_core::ops::Operation)s, so results are identical to a local
+//! bucket's, to the nanosecond and the token.
+//!
+//! - [`ProxyManager`] hands out [`RemoteBucket`]s: `manager.builder().build(key, supplier)`.
+//!   The configuration is stored with the state and supplied lazily (only when the key has
+//!   no state yet); replacing it is explicit. Async first (tokio), with a
+//!   [blocking form](RemoteBucket::blocking) and a [verbose form](RemoteBucket::verbose).
+//! - [`Backend`] is the public storage trait (see `docs/custom-backend.md`).
+//! - [`EmbeddedBackend`] (default): in-process, bounded memory, usable as a keyed limiter.
+//! - `RedisBackend` (feature `redis`): one round trip per operation, atomic under any number
+//!   of clients, exact despite Lua's doubles (see `docs/distributed.md`).
+//! - [`format`]: the compact, versioned record; [`KeyPolicy`]: safe key names;
+//!   [`FailurePolicy`]: what to do when the backend is down.
+//!
+//! ```
+//! use bucket4rs_core::{Bandwidth, BucketConfiguration};
+//! use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+//! use std::time::Duration;
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+//! let manager = ProxyManager::new(EmbeddedBackend::new());
+//! let config = BucketConfiguration::builder()
+//!     .add_limit(Bandwidth::simple(100, Duration::from_secs(60))?)
+//!     .build()?;
+//! let bucket = manager.builder().build("tenant-7", move || config.clone())?;
+//! let probe = bucket.try_consume_and_return_remaining(1).await?;
+//! assert!(probe.is_consumed());
+//! assert_eq!(probe.remaining_tokens(), 99);
+//! # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Crate features
+//! - `redis`: the Redis backend (`redis` crate with tokio and its multiplexed connection
+//!   manager).
+#![forbid(unsafe_code)]
+#![cfg_attr(bucket4rs_docsrs, feature(doc_cfg))]
+
+mod backend;
+mod embedded;
+mod error;
+pub mod format;
+mod key;
+mod manager;
+mod policy;
+#[cfg(feature = "redis")]
+mod redis_backend;
+
+pub use backend::{Backend, BackendClock, Command, Transaction, Write};
+pub use embedded::EmbeddedBackend;
+pub use error::{BackendError, BackendErrorKind, DistributedError, FormatError, KeyError};
+pub use key::{KeyPolicy, StorageKey};
+pub use manager::{
+    BlockingRemoteBucket, ManagerBuilder, ProxyManager, RemoteBucket, RemoteBucketBuilder,
+    RetryPolicy, TimeSource, Verbose, VerboseRemoteBucket,
+};
+pub use policy::{Decision, FailurePolicy};
+#[cfg(feature = "redis")]
+pub use redis_backend::{RedisBackend, RedisOptions, RedisStats};

@@ -1,0 +1,1524 @@
+//! Proxy managers and remote buckets: the local bucket API over any [`Backend`].
+
+use core::fmt;
+use core::time::Duration;
+use std::sync::Arc;
+
+use bucket4rs_core::ops::{self, Operation};
+use bucket4rs_core::{
+    BucketConfiguration, BucketState, Clock, ConsumptionProbe, EstimationProbe, OperationError,
+    SystemNanosClock, TokensInheritanceStrategy,
+};
+use rand::Rng;
+
+use crate::backend::{Backend, BackendClock, Command, Transaction, Write};
+use crate::error::{BackendError, BackendErrorKind, DistributedError, FormatError};
+use crate::format;
+use crate::key::{KeyPolicy, StorageKey};
+
+/// Where remote buckets read `now` from.
+///
+/// - [`TimeSource::backend`] (the default when the backend has a clock): every client uses
+///   the backend's clock (Redis `TIME`), so skew between application hosts cannot matter;
+///   the clock is read inside the atomic step.
+/// - [`TimeSource::client`]: the caller's clock, which must be shared by every client of the
+///   same keys (e.g. [`SystemNanosClock`] on NTP-synchronised hosts); skew between hosts
+///   shifts refill by the skew. Needed for tests with a `ManualClock` and for backends
+///   without a clock.
+///
+/// ```
+/// use bucket4rs_distributed::TimeSource;
+/// use bucket4rs_core::ManualClock;
+/// let t = TimeSource::client(ManualClock::new(0));
+/// assert!(!t.is_backend());
+/// assert!(TimeSource::backend().is_backend());
+/// ```
+#[derive(Clone)]
+pub struct TimeSource(Option<Arc<dyn Clock + Send + Sync>>);
+
+impl TimeSource {
+    /// The backend's clock.
+    ///
+    /// ```
+    /// assert!(bucket4rs_distributed::TimeSource::backend().is_backend());
+    /// ```
+    pub fn backend() -> Self {
+        Self(None)
+    }
+
+    /// The given client clock.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::TimeSource;
+    /// let t = TimeSource::client(bucket4rs_core::SystemNanosClock);
+    /// # assert!(!t.is_backend());
+    /// ```
+    pub fn client(clock: impl Clock + Send + Sync + 'static) -> Self {
+        Self(Some(Arc::new(clock)))
+    }
+
+    /// Whether this is the backend's clock.
+    ///
+    /// ```
+    /// assert!(bucket4rs_distributed::TimeSource::backend().is_backend());
+    /// ```
+    pub fn is_backend(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+impl fmt::Debug for TimeSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            None => f.write_str("TimeSource::Backend"),
+            Some(c) => write!(
+                f,
+                "TimeSource::Client {{ wall_clock_based: {} }}",
+                c.is_wall_clock_based()
+            ),
+        }
+    }
+}
+
+/// Bounded retries with exponential, fully jittered backoff, for retryable backend errors
+/// (lost compare-and-set races, requests that were certainly not sent).
+///
+/// ```
+/// use bucket4rs_distributed::RetryPolicy;
+/// use std::time::Duration;
+/// let r = RetryPolicy::new(5, Duration::from_millis(1), Duration::from_millis(50));
+/// assert_eq!(r.max_attempts(), 5);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    max_attempts: u32,
+    base: Duration,
+    max_backoff: Duration,
+}
+
+impl RetryPolicy {
+    /// At most `max_attempts` attempts (at least 1); before attempt `k+1`, sleep a uniform
+    /// random time in `[0, min(max_backoff, base * 2^k)]`.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::RetryPolicy; use std::time::Duration;
+    /// assert_eq!(RetryPolicy::new(0, Duration::ZERO, Duration::ZERO).max_attempts(), 1);
+    /// ```
+    pub fn new(max_attempts: u32, base: Duration, max_backoff: Duration) -> Self {
+        Self {
+            max_attempts: max_attempts.max(1),
+            base,
+            max_backoff,
+        }
+    }
+
+    /// The attempt limit.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::RetryPolicy;
+    /// assert_eq!(RetryPolicy::default().max_attempts(), 10);
+    /// ```
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    fn backoff(&self, attempt: u32) -> Duration {
+        let cap = self
+            .base
+            .saturating_mul(1u32 << attempt.min(20))
+            .min(self.max_backoff);
+        let nanos = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(rand::rng().random_range(0..=nanos))
+    }
+}
+
+impl Default for RetryPolicy {
+    /// 10 attempts, backoff from 1 ms up to 50 ms.
+    fn default() -> Self {
+        Self::new(10, Duration::from_millis(1), Duration::from_millis(50))
+    }
+}
+
+struct Inner<B> {
+    backend: B,
+    keys: KeyPolicy,
+    time: TimeSource,
+    wall: bool,
+    timeout: Duration,
+    retry: RetryPolicy,
+    ttl_margin: Duration,
+}
+
+/// Configures a [`ProxyManager`]: key prefix and length limit, time source, timeout,
+/// retries and TTL margin.
+///
+/// ```
+/// use bucket4rs_distributed::{EmbeddedBackend, ProxyManager, TimeSource};
+/// use std::time::Duration;
+/// let manager = ProxyManager::configure(EmbeddedBackend::new())
+///     .key_prefix("api")
+///     .timeout(Duration::from_millis(200))
+///     .ttl_margin(Duration::from_secs(5))
+///     .build()?;
+/// # Ok::<(), bucket4rs_distributed::DistributedError>(())
+/// ```
+#[derive(Debug)]
+#[must_use]
+pub struct ManagerBuilder<B> {
+    backend: B,
+    prefix: String,
+    max_key_len: usize,
+    time: Option<TimeSource>,
+    timeout: Duration,
+    retry: RetryPolicy,
+    ttl_margin: Duration,
+}
+
+impl<B: Backend> ManagerBuilder<B> {
+    /// The key prefix (default `bucket4rs`).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+    /// assert!(ProxyManager::configure(EmbeddedBackend::new()).key_prefix("{bad}").build().is_err());
+    /// ```
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The longest storage key, in bytes (default 512).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+    /// let m = ProxyManager::configure(EmbeddedBackend::new()).max_key_len(20).build()?;
+    /// assert!(m.storage_key([b'x'; 30]).is_err());
+    /// # Ok::<(), bucket4rs_distributed::DistributedError>(())
+    /// ```
+    pub fn max_key_len(mut self, max: usize) -> Self {
+        self.max_key_len = max;
+        self
+    }
+
+    /// Where `now` comes from (default: the backend's clock when it has one, else
+    /// [`SystemNanosClock`]).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager, TimeSource};
+    /// let m = ProxyManager::configure(EmbeddedBackend::new())
+    ///     .time_source(TimeSource::client(bucket4rs_core::ManualClock::new(0)))
+    ///     .build()?;
+    /// # Ok::<(), bucket4rs_distributed::DistributedError>(())
+    /// ```
+    pub fn time_source(mut self, time: TimeSource) -> Self {
+        self.time = Some(time);
+        self
+    }
+
+    /// The longest any call may take, retries included (default 1 s). Always finite.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// let m = ProxyManager::configure(EmbeddedBackend::new()).timeout(Duration::from_millis(50)).build()?;
+    /// # Ok::<(), bucket4rs_distributed::DistributedError>(())
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The retry policy (default [`RetryPolicy::default`]).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager, RetryPolicy};
+    /// let m = ProxyManager::configure(EmbeddedBackend::new()).retry(RetryPolicy::default()).build()?;
+    /// # Ok::<(), bucket4rs_distributed::DistributedError>(())
+    /// ```
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Added to every key's TTL (default 1 s): keys expire this long after their bucket
+    /// would be full again. Covers clock skew between clients and the backend.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// let m = ProxyManager::configure(EmbeddedBackend::new()).ttl_margin(Duration::ZERO).build()?;
+    /// # Ok::<(), bucket4rs_distributed::DistributedError>(())
+    /// ```
+    pub fn ttl_margin(mut self, margin: Duration) -> Self {
+        self.ttl_margin = margin;
+        self
+    }
+
+    /// Builds the manager.
+    ///
+    /// # Errors
+    /// [`DistributedError::Key`] for an invalid prefix; [`DistributedError::Backend`] when
+    /// the backend clock is asked for but the backend has none.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+    /// let m = ProxyManager::configure(EmbeddedBackend::new()).build()?;
+    /// # Ok::<(), bucket4rs_distributed::DistributedError>(())
+    /// ```
+    pub fn build(self) -> Result<ProxyManager<B>, DistributedError> {
+        let keys = KeyPolicy::new(self.prefix)?.max_len(self.max_key_len);
+        let clock = self.backend.clock();
+        let time = match self.time {
+            Some(t) => t,
+            None if clock == BackendClock::None => TimeSource::client(SystemNanosClock),
+            None => TimeSource::backend(),
+        };
+        let wall = match &time.0 {
+            Some(c) => c.is_wall_clock_based(),
+            None => match clock {
+                BackendClock::WallClock => true,
+                BackendClock::Monotonic => false,
+                _ => {
+                    return Err(DistributedError::Backend(BackendError::new(
+                        BackendErrorKind::Other,
+                        "the backend has no clock: use TimeSource::client",
+                    )));
+                }
+            },
+        };
+        Ok(ProxyManager {
+            inner: Arc::new(Inner {
+                backend: self.backend,
+                keys,
+                time,
+                wall,
+                timeout: self.timeout,
+                retry: self.retry,
+                ttl_margin: self.ttl_margin,
+            }),
+        })
+    }
+}
+
+/// Hands out remote buckets stored in one backend.
+///
+/// Cheap to clone (an `Arc`); share one per backend.
+///
+/// ```
+/// use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+/// use std::time::Duration;
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+/// let manager = ProxyManager::new(EmbeddedBackend::new());
+/// let config = BucketConfiguration::builder()
+///     .add_limit(Bandwidth::simple(3, Duration::from_secs(60))?)
+///     .build()?;
+/// let bucket = manager.builder().build("user-42", move || config.clone())?;
+/// assert!(bucket.try_consume(3).await?);
+/// assert!(!bucket.try_consume(1).await?);
+/// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct ProxyManager<B> {
+    inner: Arc<Inner<B>>,
+}
+
+impl<B> Clone for ProxyManager<B> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for ProxyManager<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProxyManager")
+            .field("backend", &self.inner.backend)
+            .field("prefix", &self.inner.keys.prefix())
+            .field("time", &self.inner.time)
+            .field("timeout", &self.inner.timeout)
+            .field("retry", &self.inner.retry)
+            .field("ttl_margin", &self.inner.ttl_margin)
+            .finish()
+    }
+}
+
+impl<B: Backend> ProxyManager<B> {
+    /// A manager with every default (prefix `bucket4rs`, backend clock when there is one,
+    /// 1 s timeout, default retries, 1 s TTL margin).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// ```
+    pub fn new(backend: B) -> Self {
+        match Self::configure(backend).build() {
+            Ok(m) => m,
+            // Unreachable: the default prefix is valid and a clockless backend gets a client
+            // clock. Kept total anyway.
+            Err(_) => unreachable_default(),
+        }
+    }
+
+    /// Starts configuring a manager.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+    /// let manager = ProxyManager::configure(EmbeddedBackend::new()).key_prefix("x").build()?;
+    /// # Ok::<(), bucket4rs_distributed::DistributedError>(())
+    /// ```
+    pub fn configure(backend: B) -> ManagerBuilder<B> {
+        ManagerBuilder {
+            backend,
+            prefix: "bucket4rs".into(),
+            max_key_len: KeyPolicy::DEFAULT_MAX_LEN,
+            time: None,
+            timeout: Duration::from_secs(1),
+            retry: RetryPolicy::default(),
+            ttl_margin: Duration::from_secs(1),
+        }
+    }
+
+    /// Starts building a remote bucket.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder(&self) -> RemoteBucketBuilder<B> {
+        RemoteBucketBuilder {
+            manager: self.clone(),
+        }
+    }
+
+    /// The backend.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// assert_eq!(manager.backend().len(), 0);
+    /// ```
+    pub fn backend(&self) -> &B {
+        &self.inner.backend
+    }
+
+    /// The storage key of a user key.
+    ///
+    /// # Errors
+    /// [`DistributedError::Key`] when it is too long.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// assert_eq!(manager.storage_key("a b")?.as_str(), "bucket4rs:a%20b");
+    /// # Ok::<(), bucket4rs_distributed::DistributedError>(())
+    /// ```
+    pub fn storage_key(&self, key: impl AsRef<[u8]>) -> Result<StorageKey, DistributedError> {
+        Ok(self.inner.keys.key(key)?)
+    }
+
+    /// Deletes a key's bucket; whether it existed. The next use recreates it from its
+    /// configuration supplier.
+    ///
+    /// # Errors
+    /// Key, timeout and backend errors.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// assert!(!manager.remove("nobody").await?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn remove(&self, key: impl AsRef<[u8]>) -> Result<bool, DistributedError> {
+        let key = self.storage_key(key)?;
+        let inner = &self.inner;
+        with_timeout(inner.timeout, async {
+            retrying(&inner.retry, || inner.backend.remove(&key)).await
+        })
+        .await
+    }
+
+    /// The stored configuration of a key, if it has a bucket.
+    ///
+    /// # Errors
+    /// Key, format, timeout and backend errors.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// assert_eq!(manager.configuration("nobody").await?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn configuration(
+        &self,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Option<BucketConfiguration>, DistributedError> {
+        let key = self.storage_key(key)?;
+        Ok(self.read_record(&key).await?.map(|r| r.config))
+    }
+
+    async fn read_record(
+        &self,
+        key: &StorageKey,
+    ) -> Result<Option<format::Record>, DistributedError> {
+        let inner = &self.inner;
+        let bytes = with_timeout(inner.timeout, async {
+            retrying(&inner.retry, || inner.backend.read(key)).await
+        })
+        .await?;
+        match bytes {
+            None => Ok(None),
+            Some(b) => Ok(Some(format::decode(&b)?)),
+        }
+    }
+
+    async fn transact(
+        &self,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+    ) -> Result<(), DistributedError> {
+        let inner = &self.inner;
+        with_timeout(inner.timeout, async {
+            let mut attempt = 0;
+            loop {
+                match inner.backend.transact(key, tx).await {
+                    Ok(()) => return Ok(()),
+                    Err(e) if e.is_retryable() && attempt + 1 < inner.retry.max_attempts => {
+                        tokio::time::sleep(inner.retry.backoff(attempt)).await;
+                        attempt += 1;
+                    }
+                    Err(e) => return Err(backend_error(e)),
+                }
+            }
+        })
+        .await
+    }
+}
+
+#[cold]
+fn unreachable_default<T>() -> T {
+    // The defaults of `configure` always build; reaching this is a bug in this crate.
+    unreachable!("default manager settings are valid")
+}
+
+fn backend_error(e: BackendError) -> DistributedError {
+    if e.kind() == BackendErrorKind::WrongType {
+        DistributedError::Format(FormatError::WrongType {
+            found: e.message().to_owned(),
+        })
+    } else {
+        DistributedError::Backend(e)
+    }
+}
+
+async fn retrying<T, F, Fut>(retry: &RetryPolicy, mut f: F) -> Result<T, DistributedError>
+where
+    F: FnMut() -> Fut,
+    Fut: core::future::Future<Output = Result<T, BackendError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_retryable() && attempt + 1 < retry.max_attempts => {
+                tokio::time::sleep(retry.backoff(attempt)).await;
+                attempt += 1;
+            }
+            Err(e) => return Err(backend_error(e)),
+        }
+    }
+}
+
+async fn with_timeout<T>(
+    timeout: Duration,
+    fut: impl core::future::Future<Output = Result<T, DistributedError>>,
+) -> Result<T, DistributedError> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(DistributedError::Timeout { after: timeout }),
+    }
+}
+
+type Supplier = Arc<dyn Fn() -> BucketConfiguration + Send + Sync>;
+
+/// Builds [`RemoteBucket`]s; from [`ProxyManager::builder`].
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+/// # let manager = ProxyManager::new(EmbeddedBackend::new());
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+/// let bucket = manager.builder().build("k", move || config.clone())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+#[must_use]
+pub struct RemoteBucketBuilder<B> {
+    manager: ProxyManager<B>,
+}
+
+impl<B: Backend> RemoteBucketBuilder<B> {
+    /// The remote bucket of `key`. `configuration` is called only when the key has no
+    /// stored state yet (first use, or after expiry or removal); afterwards the stored
+    /// configuration rules until [`RemoteBucket::replace_configuration`].
+    ///
+    /// No round trip happens here.
+    ///
+    /// # Errors
+    /// [`DistributedError::Key`] when the key is too long.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// assert!(manager.builder().build([b'k'; 1000], move || config.clone()).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn build(
+        self,
+        key: impl AsRef<[u8]>,
+        configuration: impl Fn() -> BucketConfiguration + Send + Sync + 'static,
+    ) -> Result<RemoteBucket<B>, DistributedError> {
+        let key = self.manager.storage_key(key)?;
+        Ok(RemoteBucket {
+            manager: self.manager,
+            key,
+            supplier: Arc::new(configuration),
+        })
+    }
+}
+
+/// An operation's result together with the configuration and state it left behind.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+/// # let manager = ProxyManager::new(EmbeddedBackend::new());
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+/// let bucket = manager.builder().build("k", move || config.clone())?;
+/// let v = bucket.verbose().try_consume(1).await?;
+/// assert!(v.value);
+/// assert_eq!(v.state.bandwidths()[0].tokens(), 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Verbose<T> {
+    /// The operation's result.
+    pub value: T,
+    /// The configuration in force.
+    pub configuration: BucketConfiguration,
+    /// The state after the operation (refilled to the operation's `now` where it wrote).
+    pub state: BucketState,
+    /// The clock reading the operation ran at.
+    pub now_nanos: i64,
+}
+
+/// A bucket stored in a backend, with the local bucket API.
+///
+/// Every call is one atomic transaction on the backend, bounded by the manager's timeout.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+/// # let manager = ProxyManager::new(EmbeddedBackend::new());
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(60))?).build()?;
+/// let bucket = manager.builder().build("k", move || config.clone())?;
+/// let probe = bucket.try_consume_and_return_remaining(4).await?;
+/// assert!(probe.is_consumed());
+/// assert_eq!(probe.remaining_tokens(), 6);
+/// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct RemoteBucket<B> {
+    manager: ProxyManager<B>,
+    key: StorageKey,
+    supplier: Supplier,
+}
+
+impl<B> Clone for RemoteBucket<B> {
+    fn clone(&self) -> Self {
+        Self {
+            manager: self.manager.clone(),
+            key: self.key.clone(),
+            supplier: Arc::clone(&self.supplier),
+        }
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for RemoteBucket<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteBucket")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The core operations a remote bucket runs, with the command a native backend sees.
+trait RemoteOp: Operation + Send + Sync {
+    fn command(&self) -> Command;
+    fn validate(&self) -> Result<(), OperationError>;
+}
+
+fn nonzero(n: u64) -> Result<(), OperationError> {
+    if n == 0 {
+        Err(OperationError::ZeroTokens)
+    } else {
+        Ok(())
+    }
+}
+
+macro_rules! remote_op {
+    ($t:ty, |$s:ident| $cmd:expr, $check:expr) => {
+        impl RemoteOp for $t {
+            fn command(&self) -> Command {
+                let $s = self;
+                let _ = $s;
+                $cmd
+            }
+            fn validate(&self) -> Result<(), OperationError> {
+                let $s = self;
+                let _ = $s;
+                $check
+            }
+        }
+    };
+}
+
+remote_op!(ops::TryConsume, |s| Command::TryConsume(s.0), nonzero(s.0));
+remote_op!(
+    ops::TryConsumeAndReturnRemaining,
+    |s| Command::TryConsumeAndReturnRemaining(s.0),
+    nonzero(s.0)
+);
+remote_op!(
+    ops::EstimateAbilityToConsume,
+    |s| Command::EstimateAbilityToConsume(s.0),
+    nonzero(s.0)
+);
+remote_op!(
+    ops::TryConsumeAsMuchAsPossible,
+    |s| Command::TryConsumeAsMuchAsPossible(s.0),
+    if s.0 == Some(0) {
+        Err(OperationError::ZeroLimit)
+    } else {
+        Ok(())
+    }
+);
+remote_op!(ops::AddTokens, |s| Command::AddTokens(s.0), nonzero(s.0));
+remote_op!(
+    ops::ForceAddTokens,
+    |s| Command::ForceAddTokens(s.0),
+    nonzero(s.0)
+);
+remote_op!(ops::Reset, |s| Command::Reset, Ok(()));
+remote_op!(ops::AvailableTokens, |s| Command::AvailableTokens, Ok(()));
+remote_op!(
+    ops::ConsumeIgnoringRateLimits,
+    |s| Command::ConsumeIgnoringRateLimits(s.0),
+    nonzero(s.0)
+);
+remote_op!(
+    ops::Reserve,
+    |s| Command::Reserve {
+        tokens: s.tokens,
+        max_wait_nanos: s.max_wait_nanos
+    },
+    if s.max_wait_nanos == 0 {
+        nonzero(s.tokens).and(Err(OperationError::ZeroMaxWait))
+    } else {
+        nonzero(s.tokens)
+    }
+);
+
+/// What a transaction does to a decoded (or freshly created) record.
+trait Job: Send + Sync {
+    type Output: Send;
+    /// The output, the configuration and state to keep, and whether the state changed.
+    fn run(
+        &self,
+        config: BucketConfiguration,
+        state: BucketState,
+        now: i64,
+        wall: bool,
+    ) -> Result<(Self::Output, BucketConfiguration, BucketState, bool), DistributedError>;
+}
+
+struct OpJob<O>(O);
+
+impl<O> Job for OpJob<O>
+where
+    O: Operation + Send + Sync,
+    O::Output: Send,
+{
+    type Output = O::Output;
+    fn run(
+        &self,
+        config: BucketConfiguration,
+        state: BucketState,
+        now: i64,
+        _wall: bool,
+    ) -> Result<(O::Output, BucketConfiguration, BucketState, bool), DistributedError> {
+        let old = state.bandwidths();
+        let cells: Vec<core::cell::Cell<_>> =
+            old.iter().map(|s| core::cell::Cell::new(*s)).collect();
+        let mut wrote = false;
+        let value = ops::execute(
+            &self.0,
+            &config,
+            now,
+            |i| old[i],
+            |i, s| {
+                cells[i].set(s);
+                wrote = true;
+            },
+        )?;
+        let new = BucketState::from_bandwidths(
+            cells.into_iter().map(core::cell::Cell::into_inner).collect(),
+        );
+        Ok((value, config, new, wrote))
+    }
+}
+
+struct ReplaceJob(BucketConfiguration, TokensInheritanceStrategy);
+
+impl Job for ReplaceJob {
+    type Output = ();
+    fn run(
+        &self,
+        config: BucketConfiguration,
+        state: BucketState,
+        now: i64,
+        wall: bool,
+    ) -> Result<((), BucketConfiguration, BucketState, bool), DistributedError> {
+        format::check_storable(&self.0)?;
+        let new = state.replace_configuration(&config, &self.0, now, self.1, wall)?;
+        Ok(((), self.0.clone(), new, true))
+    }
+}
+
+struct OpTx<'a, J: Job> {
+    job: J,
+    command: Command,
+    supplier: &'a (dyn Fn() -> BucketConfiguration + Send + Sync),
+    clock: Option<&'a (dyn Clock + Send + Sync)>,
+    wall: bool,
+    margin: Duration,
+    out: Option<Result<Verbose<J::Output>, DistributedError>>,
+}
+
+/// The TTL of a stored state: time until every bandwidth is full, plus the margin.
+pub(crate) fn ttl_of(
+    config: &BucketConfiguration,
+    state: &BucketState,
+    now: i64,
+    margin: Duration,
+) -> Option<Duration> {
+    let b = state.bandwidths();
+    let wait = ops::Refilled::new(config, now, |i| b.get(i).copied().unwrap_or_default())
+        .reset_wait(0);
+    if wait >= bucket4rs_core::MAX_NANOS {
+        None
+    } else {
+        Some(Duration::from_nanos(wait).saturating_add(margin))
+    }
+}
+
+impl<J: Job> Transaction for OpTx<'_, J> {
+    fn command(&self) -> Command {
+        self.command
+    }
+
+    fn needs_backend_clock(&self) -> bool {
+        self.clock.is_none()
+    }
+
+    fn ttl_margin(&self) -> Duration {
+        self.margin
+    }
+
+    fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write {
+        let (write, out) = self.run(current, backend_now);
+        self.out = Some(out);
+        write
+    }
+}
+
+impl<J: Job> OpTx<'_, J> {
+    fn run(
+        &self,
+        current: Option<&[u8]>,
+        backend_now: Option<i64>,
+    ) -> (Write, Result<Verbose<J::Output>, DistributedError>) {
+        let now = match (self.clock, backend_now) {
+            (Some(c), _) => c.now_nanos(),
+            (None, Some(n)) => n,
+            (None, None) => {
+                let e = BackendError::new(
+                    BackendErrorKind::Protocol,
+                    "the backend did not pass its clock reading",
+                );
+                return (Write::Keep, Err(DistributedError::Backend(e)));
+            }
+        };
+        let (config, state, created) = match current {
+            None => {
+                let config = (self.supplier)();
+                if let Err(e) = config.check_clock(self.wall) {
+                    return (Write::Keep, Err(e.into()));
+                }
+                if let Err(e) = format::check_storable(&config) {
+                    return (Write::Keep, Err(e.into()));
+                }
+                let state = BucketState::new(&config, now);
+                (config, state, true)
+            }
+            Some(bytes) => match format::decode(bytes) {
+                Ok(r) => (r.config, r.state, false),
+                Err(e) => return (Write::Keep, Err(e.into())),
+            },
+        };
+        let (value, config, state, wrote) = match self.job.run(config, state, now, self.wall) {
+            Ok(r) => r,
+            Err(e) => return (Write::Keep, Err(e)),
+        };
+        let write = if wrote || created {
+            Write::Put {
+                record: format::encode(&config, &state),
+                ttl: ttl_of(&config, &state, now, self.margin),
+            }
+        } else {
+            Write::Keep
+        };
+        let verbose = Verbose {
+            value,
+            configuration: config,
+            state,
+            now_nanos: now,
+        };
+        (write, Ok(verbose))
+    }
+}
+
+impl<B: Backend> RemoteBucket<B> {
+    /// The storage key.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// assert_eq!(bucket.key().as_str(), "bucket4rs:k");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn key(&self) -> &StorageKey {
+        &self.key
+    }
+
+    /// The form of this bucket whose calls also return the configuration and state.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// assert_eq!(bucket.verbose().available_tokens().await?.value, 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn verbose(&self) -> VerboseRemoteBucket<'_, B> {
+        VerboseRemoteBucket { bucket: self }
+    }
+
+    /// A blocking view for code outside async contexts, driving calls on `handle`, which
+    /// must belong to a multi-thread tokio runtime (a current-thread runtime cannot drive
+    /// I/O from another thread; such calls fail with [`DistributedError::Blocking`]).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?.blocking(rt.handle().clone());
+    /// assert!(bucket.try_consume(1)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn blocking(&self, handle: tokio::runtime::Handle) -> BlockingRemoteBucket<B> {
+        BlockingRemoteBucket {
+            bucket: self.clone(),
+            handle,
+        }
+    }
+
+    async fn run<J: Job>(
+        &self,
+        job: J,
+        command: Command,
+    ) -> Result<Verbose<J::Output>, DistributedError> {
+        let inner = &self.manager.inner;
+        let mut tx = OpTx {
+            job,
+            command,
+            supplier: &*self.supplier,
+            clock: inner.time.0.as_deref(),
+            wall: inner.wall,
+            margin: inner.ttl_margin,
+            out: None,
+        };
+        self.manager.transact(&self.key, &mut tx).await?;
+        tx.out.unwrap_or_else(|| {
+            Err(DistributedError::Backend(BackendError::new(
+                BackendErrorKind::Protocol,
+                "the backend completed without running the transaction",
+            )))
+        })
+    }
+
+    async fn op<O>(&self, op: O) -> Result<Verbose<O::Output>, DistributedError>
+    where
+        O: RemoteOp,
+        O::Output: Send,
+    {
+        op.validate()?;
+        let command = op.command();
+        self.run(OpJob(op), command).await
+    }
+
+    /// Replaces the stored configuration, carrying tokens over with `strategy`.
+    ///
+    /// # Errors
+    /// [`DistributedError::Config`] for a configuration the bucket's clock cannot serve;
+    /// key, format, timeout and backend errors.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, TokensInheritanceStrategy};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// let small = BucketConfiguration::builder().add_limit(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
+    /// let big = BucketConfiguration::builder().add_limit(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || small.clone())?;
+    /// bucket.try_consume(60).await?;
+    /// bucket.replace_configuration(big, TokensInheritanceStrategy::Proportionally).await?;
+    /// assert_eq!(bucket.available_tokens().await?, 80);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn replace_configuration(
+        &self,
+        configuration: BucketConfiguration,
+        strategy: TokensInheritanceStrategy,
+    ) -> Result<(), DistributedError> {
+        self.verbose()
+            .replace_configuration(configuration, strategy)
+            .await
+            .map(|v| v.value)
+    }
+
+    /// The stored configuration (`None` before first use).
+    ///
+    /// # Errors
+    /// Format, timeout and backend errors.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let c = config.clone();
+    /// let bucket = manager.builder().build("k", move || c.clone())?;
+    /// assert_eq!(bucket.configuration().await?, None);
+    /// bucket.available_tokens().await?;
+    /// assert_eq!(bucket.configuration().await?, Some(config));
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn configuration(&self) -> Result<Option<BucketConfiguration>, DistributedError> {
+        Ok(self.manager.read_record(&self.key).await?.map(|r| r.config))
+    }
+
+    /// The raw stored record (for diagnostics and tests).
+    ///
+    /// # Errors
+    /// Timeout and backend errors.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// assert_eq!(bucket.raw_record().await?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn raw_record(&self) -> Result<Option<Vec<u8>>, DistributedError> {
+        let inner = &self.manager.inner;
+        let key = &self.key;
+        with_timeout(inner.timeout, async {
+            retrying(&inner.retry, || inner.backend.read(key)).await
+        })
+        .await
+    }
+
+    /// Consumes `tokens`, sleeping (asynchronously) until they are paid for; returns the
+    /// time slept. Like Bucket4j's blocking `consume`, requests above capacity create debt.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`], [`OperationError::WaitTooLong`]; timeout and backend
+    /// errors (the timeout bounds the backend call, not the sleep).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// assert_eq!(bucket.consume(2).await?, Duration::ZERO);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn consume(&self, tokens: u64) -> Result<Duration, DistributedError> {
+        let wait = Duration::from_nanos(self.consume_ignoring_rate_limits(tokens).await?);
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        Ok(wait)
+    }
+
+    /// Consumes `tokens` if they will be paid for within `max_wait`, sleeping until then;
+    /// whether they were consumed.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`], [`OperationError::ZeroMaxWait`]; timeout and backend
+    /// errors.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// assert!(bucket.try_consume_within(3, Duration::from_millis(1)).await?);
+    /// assert!(!bucket.try_consume_within(3, Duration::from_millis(1)).await?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn try_consume_within(
+        &self,
+        tokens: u64,
+        max_wait: Duration,
+    ) -> Result<bool, DistributedError> {
+        let max = u64::try_from(max_wait.as_nanos()).unwrap_or(u64::MAX);
+        match self.reserve(tokens, max).await? {
+            Some(w) => {
+                if w > 0 {
+                    tokio::time::sleep(Duration::from_nanos(w)).await;
+                }
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+macro_rules! operations {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($($arg:ident: $ty:ty),*) -> $out:ty = $op:expr;
+    )*) => {
+        impl<B: Backend> RemoteBucket<B> {
+            $(
+                $(#[$doc])*
+                ///
+                /// # Errors
+                /// Invalid arguments ([`DistributedError::Operation`], checked before any
+                /// round trip); format, timeout and backend errors.
+                pub async fn $name(&self, $($arg: $ty),*) -> Result<$out, DistributedError> {
+                    self.op($op).await.map(|v| v.value)
+                }
+            )*
+        }
+
+        impl<B: Backend> VerboseRemoteBucket<'_, B> {
+            $(
+                $(#[$doc])*
+                ///
+                /// Verbose form: also returns the configuration and state.
+                ///
+                /// # Errors
+                /// As the plain form.
+                pub async fn $name(&self, $($arg: $ty),*) -> Result<Verbose<$out>, DistributedError> {
+                    self.bucket.op($op).await
+                }
+            )*
+        }
+
+        impl<B: Backend> BlockingRemoteBucket<B> {
+            $(
+                $(#[$doc])*
+                ///
+                /// Blocking form.
+                ///
+                /// # Errors
+                /// As the async form, plus [`DistributedError::Blocking`] inside an async
+                /// context or on a current-thread runtime.
+                pub fn $name(&self, $($arg: $ty),*) -> Result<$out, DistributedError> {
+                    self.check()?;
+                    self.handle.block_on(self.bucket.$name($($arg),*))
+                }
+            )*
+        }
+    };
+}
+
+operations! {
+    /// Consumes `tokens` if every bandwidth has them; whether it did.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// assert!(bucket.try_consume(3).await?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn try_consume(tokens: u64) -> bool = ops::TryConsume(tokens);
+
+    /// Consumes `tokens` if possible and reports remaining tokens and waits.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// assert_eq!(bucket.try_consume_and_return_remaining(1).await?.remaining_tokens(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn try_consume_and_return_remaining(tokens: u64) -> ConsumptionProbe =
+        ops::TryConsumeAndReturnRemaining(tokens);
+
+    /// Whether `tokens` could be consumed now; changes nothing.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// assert!(!bucket.estimate_ability_to_consume(4).await?.can_be_consumed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn estimate_ability_to_consume(tokens: u64) -> EstimationProbe =
+        ops::EstimateAbilityToConsume(tokens);
+
+    /// Consumes every available token; how many.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// assert_eq!(bucket.try_consume_as_much_as_possible().await?, 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn try_consume_as_much_as_possible() -> u64 = ops::TryConsumeAsMuchAsPossible(None);
+
+    /// Consumes the available tokens, at most `limit`; how many.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// assert_eq!(bucket.try_consume_as_much_as_possible_with_limit(2).await?, 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn try_consume_as_much_as_possible_with_limit(limit: u64) -> u64 =
+        ops::TryConsumeAsMuchAsPossible(Some(limit));
+
+    /// Adds tokens, never above capacity.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// bucket.add_tokens(5).await?;
+    /// assert_eq!(bucket.available_tokens().await?, 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn add_tokens(tokens: u64) -> () = ops::AddTokens(tokens);
+
+    /// Adds tokens, even above capacity.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// bucket.force_add_tokens(5).await?;
+    /// assert_eq!(bucket.available_tokens().await?, 8);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn force_add_tokens(tokens: u64) -> () = ops::ForceAddTokens(tokens);
+
+    /// Sets every bandwidth to its capacity.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// bucket.try_consume(3).await?;
+    /// bucket.reset().await?;
+    /// assert_eq!(bucket.available_tokens().await?, 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn reset() -> () = ops::Reset;
+
+    /// The balance after refill (negative in debt).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// assert_eq!(bucket.available_tokens().await?, 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn available_tokens() -> i64 = ops::AvailableTokens;
+
+    /// Consumes `tokens` whatever the balance; nanoseconds until the debt is repaid.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// assert_eq!(bucket.consume_ignoring_rate_limits(4).await?, 20_000_000_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn consume_ignoring_rate_limits(tokens: u64) -> u64 = ops::ConsumeIgnoringRateLimits(tokens);
+
+    /// Reserves `tokens` if they will be paid for within `max_wait_nanos`: `Some(wait)`
+    /// (the caller then waits) or `None`. The primitive behind waiting consumption.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?;
+    /// assert_eq!(bucket.reserve(4, u64::MAX).await?, Some(20_000_000_000));
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn reserve(tokens: u64, max_wait_nanos: u64) -> Option<u64> =
+        ops::Reserve { tokens, max_wait_nanos };
+}
+
+/// The verbose form of a [`RemoteBucket`]: every call also returns the configuration and
+/// state snapshot ([`Verbose`]).
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+/// # let manager = ProxyManager::new(EmbeddedBackend::new());
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+/// let bucket = manager.builder().build("k", move || config.clone())?;
+/// let v = bucket.verbose().try_consume_as_much_as_possible().await?;
+/// assert_eq!((v.value, v.state.bandwidths()[0].tokens()), (3, 0));
+/// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct VerboseRemoteBucket<'a, B> {
+    bucket: &'a RemoteBucket<B>,
+}
+
+impl<B: Backend> VerboseRemoteBucket<'_, B> {
+    /// Verbose [`RemoteBucket::replace_configuration`].
+    ///
+    /// # Errors
+    /// As the plain form.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, TokensInheritanceStrategy};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let small = BucketConfiguration::builder().add_limit(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
+    /// # let big = BucketConfiguration::builder().add_limit(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || small.clone())?;
+    /// let v = bucket.verbose().replace_configuration(big.clone(), TokensInheritanceStrategy::AsIs).await?;
+    /// assert_eq!(v.configuration, big);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn replace_configuration(
+        &self,
+        configuration: BucketConfiguration,
+        strategy: TokensInheritanceStrategy,
+    ) -> Result<Verbose<()>, DistributedError> {
+        self.bucket
+            .run(
+                ReplaceJob(configuration, strategy),
+                Command::ReplaceConfiguration,
+            )
+            .await
+    }
+}
+
+/// The blocking form of a [`RemoteBucket`]; from [`RemoteBucket::blocking`].
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+/// let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+/// # let manager = ProxyManager::new(EmbeddedBackend::new());
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+/// let bucket = manager.builder().build("k", move || config.clone())?.blocking(rt.handle().clone());
+/// assert_eq!(bucket.available_tokens()?, 3);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct BlockingRemoteBucket<B> {
+    bucket: RemoteBucket<B>,
+    handle: tokio::runtime::Handle,
+}
+
+impl<B: Backend> BlockingRemoteBucket<B> {
+    fn check(&self) -> Result<(), DistributedError> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(DistributedError::Blocking(
+                "a blocking call inside an async context would stall the runtime",
+            ));
+        }
+        if self.handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
+            return Err(DistributedError::Blocking(
+                "a current-thread runtime cannot drive I/O for a blocking call",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The async bucket.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?.blocking(rt.handle().clone());
+    /// assert_eq!(bucket.as_async().key().as_str(), "bucket4rs:k");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn as_async(&self) -> &RemoteBucket<B> {
+        &self.bucket
+    }
+
+    /// Blocking [`RemoteBucket::replace_configuration`].
+    ///
+    /// # Errors
+    /// As the async form, plus [`DistributedError::Blocking`].
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, TokensInheritanceStrategy};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let small = BucketConfiguration::builder().add_limit(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
+    /// # let big = BucketConfiguration::builder().add_limit(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || small.clone())?.blocking(rt.handle().clone());
+    /// bucket.replace_configuration(big, TokensInheritanceStrategy::Reset)?;
+    /// assert_eq!(bucket.available_tokens()?, 200);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn replace_configuration(
+        &self,
+        configuration: BucketConfiguration,
+        strategy: TokensInheritanceStrategy,
+    ) -> Result<(), DistributedError> {
+        self.check()?;
+        self.handle
+            .block_on(self.bucket.replace_configuration(configuration, strategy))
+    }
+
+    /// Blocking [`RemoteBucket::consume`]: parks the thread until the tokens are paid for.
+    ///
+    /// # Errors
+    /// As the async form, plus [`DistributedError::Blocking`].
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.builder().build("k", move || config.clone())?.blocking(rt.handle().clone());
+    /// assert_eq!(bucket.consume(1)?, Duration::ZERO);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn consume(&self, tokens: u64) -> Result<Duration, DistributedError> {
+        self.check()?;
+        let wait = Duration::from_nanos(
+            self.handle
+                .block_on(self.bucket.consume_ignoring_rate_limits(tokens))?,
+        );
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+        Ok(wait)
+    }
+}

@@ -1,0 +1,72 @@
+//! A user-written backend (the one in docs/custom-backend.md) replays every trace.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bucket4rs_distributed::{Backend, BackendError, StorageKey, Transaction, Write};
+use bucket4rs_test::replay_all;
+
+use crate::common::{build, runtime};
+
+/// The smallest correct backend: a mutex around a map. `transact` holds the lock while the
+/// transaction runs, which makes it atomic per key (and per map).
+#[derive(Debug, Default)]
+pub(crate) struct MapBackend {
+    map: Mutex<HashMap<StorageKey, Vec<u8>>>,
+}
+
+impl MapBackend {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<StorageKey, Vec<u8>>> {
+        self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl Backend for MapBackend {
+    async fn transact(
+        &self,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+    ) -> Result<(), BackendError> {
+        let mut map = self.lock();
+        // This backend has no clock: managers must use TimeSource::client.
+        match tx.apply(map.get(key).map(Vec::as_slice), None) {
+            Write::Put { record, ttl: _ } => {
+                map.insert(key.clone(), record);
+            }
+            Write::Keep => {}
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+        Ok(self.lock().get(key).cloned())
+    }
+
+    async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
+        Ok(self.lock().remove(key).is_some())
+    }
+}
+
+#[test]
+fn a_custom_backend_replays_every_trace() {
+    let rt = runtime();
+    let backend = Arc::new(MapBackend::default());
+    let mut n = 0;
+    let summary = replay_all("custom MapBackend", |config, clock| {
+        n += 1;
+        build(&rt, backend.clone(), "custom", &format!("t{n}"), config, clock)
+    });
+    assert!(summary.steps > summary.traces);
+}
+
+#[test]
+fn a_clockless_backend_cannot_be_asked_for_backend_time() {
+    let err = bucket4rs_distributed::ProxyManager::configure(MapBackend::default())
+        .time_source(bucket4rs_distributed::TimeSource::backend())
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, bucket4rs_distributed::DistributedError::Backend(_)));
+}

@@ -1,0 +1,214 @@
+//! The embedded backend: conformance, concurrency, expiry and the key cap.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bucket4rs_core::{Bandwidth, BucketConfiguration, Clock, ManualClock};
+use bucket4rs_distributed::{
+    BackendErrorKind, DistributedError, EmbeddedBackend, ProxyManager, TimeSource,
+};
+use bucket4rs_test::replay_all;
+
+use crate::common::{self, build, runtime, simple};
+
+#[test]
+fn every_trace_replays_through_the_embedded_backend() {
+    let rt = runtime();
+    let backend = Arc::new(EmbeddedBackend::new());
+    let mut n = 0;
+    let summary = replay_all("embedded", |config, clock| {
+        n += 1;
+        build(&rt, backend.clone(), "conf", &format!("trace-{n}"), config, clock)
+    });
+    assert!(summary.steps > summary.traces);
+}
+
+fn manual(clock: &ManualClock, backend: EmbeddedBackend) -> ProxyManager<EmbeddedBackend> {
+    ProxyManager::configure(backend)
+        .time_source(TimeSource::client(clock.clone()))
+        .ttl_margin(Duration::ZERO)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn idle_key_is_dropped_exactly_when_full_again_never_earlier() {
+    let rt = runtime();
+    let clock = ManualClock::new(1_000);
+    let m = manual(&clock, EmbeddedBackend::with_clock(clock.clone()));
+    let config = simple(10, Duration::from_secs(10)); // 1 token per second
+    let bucket = m.builder().build("idle", move || config.clone()).unwrap();
+    rt.block_on(async {
+        assert!(bucket.try_consume(3).await.unwrap());
+        // Full again after exactly 3 s: one nanosecond earlier it must still be there.
+        clock.advance_nanos(3_000_000_000 - 1);
+        assert_eq!(m.backend().sweep(), 0);
+        assert!(bucket.raw_record().await.unwrap().is_some());
+        clock.advance_nanos(1);
+        assert_eq!(m.backend().sweep(), 1);
+        assert!(m.backend().is_empty());
+        // A recreated bucket is indistinguishable from the kept one: full.
+        assert_eq!(bucket.available_tokens().await.unwrap(), 10);
+    });
+}
+
+#[test]
+fn key_cap_refuses_new_keys_but_never_evicts_a_non_full_bucket() {
+    let rt = runtime();
+    let clock = ManualClock::new(0);
+    let m = manual(&clock, EmbeddedBackend::with_clock(clock.clone()).with_max_keys(2));
+    let config = simple(5, Duration::from_secs(5));
+    let make = |k: &str| {
+        let c = config.clone();
+        m.builder().build(k, move || c.clone()).unwrap()
+    };
+    rt.block_on(async {
+        assert!(make("a").try_consume(5).await.unwrap());
+        assert!(make("b").try_consume(1).await.unwrap());
+        let err = make("c").try_consume(1).await.unwrap_err();
+        match err {
+            DistributedError::Backend(e) => assert_eq!(e.kind(), BackendErrorKind::CapacityExhausted),
+            other => panic!("unexpected {other:?}"),
+        }
+        // "a" is still empty: not evicted.
+        assert!(!make("a").try_consume(1).await.unwrap());
+        // Once "b" is full again (1 s), its slot is reclaimed for "c".
+        clock.advance(Duration::from_secs(1));
+        assert!(make("c").try_consume(1).await.unwrap());
+        assert_eq!(m.backend().len(), 2);
+    });
+}
+
+#[test]
+fn concurrent_tasks_never_overdraw_one_key() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let m = ProxyManager::new(EmbeddedBackend::new());
+    let config = simple(1_000, Duration::from_secs(1_000_000_000));
+    let granted: u64 = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let c = config.clone();
+            let b = m.builder().build("hot", move || c.clone()).unwrap();
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0;
+                for _ in 0..500 {
+                    if b.try_consume(1).await.unwrap() {
+                        n += 1;
+                    }
+                }
+                n
+            }));
+        }
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap();
+        }
+        total
+    });
+    assert_eq!(granted, 1_000);
+}
+
+#[test]
+fn supplier_is_called_only_when_the_key_has_no_state() {
+    let rt = runtime();
+    let m = ProxyManager::new(EmbeddedBackend::new());
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c2 = calls.clone();
+    let bucket = m
+        .builder()
+        .build("lazy", move || {
+            c2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            simple(5, Duration::from_secs(5))
+        })
+        .unwrap();
+    rt.block_on(async {
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+        for _ in 0..3 {
+            bucket.try_consume(1).await.unwrap();
+        }
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(m.remove("lazy").await.unwrap());
+        bucket.try_consume(1).await.unwrap();
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    });
+}
+
+#[test]
+fn aligned_refill_needs_a_wall_clock_and_verbose_returns_the_snapshot() {
+    let rt = runtime();
+    let clock = ManualClock::new(0); // not wall-clock based
+    let m = manual(&clock, EmbeddedBackend::new());
+    let aligned = BucketConfiguration::builder()
+        .add_limit(
+            Bandwidth::builder()
+                .capacity(10)
+                .refill_intervally_aligned(10, Duration::from_secs(60), Duration::ZERO)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let bucket = m.builder().build("aligned", move || aligned.clone()).unwrap();
+    rt.block_on(async {
+        assert!(matches!(
+            bucket.try_consume(1).await,
+            Err(DistributedError::Config(_))
+        ));
+        assert_eq!(bucket.raw_record().await.unwrap(), None);
+    });
+    let config = simple(10, Duration::from_secs(1));
+    let c = config.clone();
+    let bucket = m.builder().build("verbose", move || c.clone()).unwrap();
+    rt.block_on(async {
+        let v = bucket.verbose().try_consume_and_return_remaining(4).await.unwrap();
+        assert!(v.value.is_consumed());
+        assert_eq!(v.configuration, config);
+        assert_eq!(v.state.bandwidths()[0].tokens(), 6);
+        assert_eq!(v.now_nanos, clock.now_nanos());
+    });
+}
+
+#[test]
+fn blocking_form_works_off_runtime_and_refuses_inside_one() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let m = ProxyManager::new(EmbeddedBackend::new());
+    let config = simple(2, Duration::from_secs(1));
+    let bucket = m
+        .builder()
+        .build("blocking", move || config.clone())
+        .unwrap()
+        .blocking(rt.handle().clone());
+    assert!(bucket.try_consume(2).unwrap());
+    assert!(!bucket.try_consume(1).unwrap());
+    let inside = rt.block_on(async { bucket.try_consume(1) });
+    assert!(matches!(inside, Err(DistributedError::Blocking(_))));
+    let current = common::runtime();
+    let on_current = bucket.as_async().blocking(current.handle().clone());
+    assert!(matches!(on_current.available_tokens(), Err(DistributedError::Blocking(_))));
+}
+
+#[test]
+fn zero_arguments_are_rejected_before_touching_the_backend() {
+    let rt = runtime();
+    let m = ProxyManager::new(EmbeddedBackend::new());
+    let config = simple(2, Duration::from_secs(1));
+    let bucket = m.builder().build("args", move || config.clone()).unwrap();
+    rt.block_on(async {
+        use bucket4rs_core::OperationError::*;
+        assert_eq!(bucket.try_consume(0).await, Err(DistributedError::Operation(ZeroTokens)));
+        assert_eq!(
+            bucket.try_consume_as_much_as_possible_with_limit(0).await,
+            Err(DistributedError::Operation(ZeroLimit))
+        );
+        assert_eq!(bucket.reserve(1, 0).await, Err(DistributedError::Operation(ZeroMaxWait)));
+        assert!(m.backend().is_empty());
+    });
+}
