@@ -108,9 +108,11 @@ pub(crate) fn refill(b: &Bandwidth, st: BandwidthState, t: i64) -> BandwidthStat
                     remainder: 0,
                 }
             } else {
+                // The sum is below C, but `add` alone may exceed i64::MAX when s is very
+                // negative (e.g. MIN after a PROPORTIONALLY replacement): add in i128.
                 BandwidthState {
                     last_refill,
-                    tokens: s + add as i64,
+                    tokens: (s as i128 + add as i128) as i64,
                     remainder: rem,
                 }
             };
