@@ -92,11 +92,19 @@ pub trait Transaction: Send {
     /// Whether `apply` needs the backend's clock (`backend_now` must then be `Some`).
     fn needs_backend_clock(&self) -> bool;
 
+    /// A reading of the client clock when the manager uses one (`None` with the backend
+    /// clock). A native path that sends the time to its server passes the same value back
+    /// as `backend_now`, so both compute at the same instant.
+    fn client_now(&self) -> Option<i64>;
+
     /// The margin the manager adds to every TTL (for native paths that compute TTLs).
     fn ttl_margin(&self) -> Duration;
 
-    /// Decides what to write given the key's current record (`None`: absent or expired) and,
-    /// when asked for, the backend's clock reading in nanoseconds since the Unix epoch.
+    /// Decides what to write given the key's current record (`None`: absent or expired).
+    ///
+    /// `backend_now` is the instant to compute at: the backend's clock (nanoseconds since
+    /// the Unix epoch) when [`needs_backend_clock`](Self::needs_backend_clock), or a value
+    /// of [`client_now`](Self::client_now); with `None` the client clock is read.
     fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write;
 }
 
@@ -158,8 +166,11 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// A [`BackendError`]; mark it [retryable](BackendError::retryable) only when the
     /// transaction certainly did not take effect.
-    async fn transact(&self, key: &StorageKey, tx: &mut dyn Transaction)
-    -> Result<(), BackendError>;
+    async fn transact(
+        &self,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+    ) -> Result<(), BackendError>;
 
     /// The raw record of `key`, if any (expired keys count as absent).
     ///

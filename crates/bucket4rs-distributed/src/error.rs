@@ -70,7 +70,10 @@ impl fmt::Display for FormatError {
             Self::Config(e) => write!(f, "stored bucket configuration is invalid: {e}"),
             Self::State(e) => write!(f, "stored bucket state is invalid: {e}"),
             Self::WrongType { found } => {
-                write!(f, "the key holds a value of type {found}, not a bucket record")
+                write!(
+                    f,
+                    "the key holds a value of type {found}, not a bucket record"
+                )
             }
         }
     }
@@ -309,9 +312,7 @@ impl PartialEq for DistributedError {
             (Self::Key(a), Self::Key(b)) => a == b,
             (Self::Format(a), Self::Format(b)) => a == b,
             (Self::Timeout { after: a }, Self::Timeout { after: b }) => a == b,
-            (Self::Backend(a), Self::Backend(b)) => {
-                a.kind == b.kind && a.message == b.message
-            }
+            (Self::Backend(a), Self::Backend(b)) => a.kind == b.kind && a.message == b.message,
             (Self::Blocking(a), Self::Blocking(b)) => a == b,
             _ => false,
         }

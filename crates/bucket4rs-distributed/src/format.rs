@@ -117,7 +117,11 @@ pub fn encode(config: &BucketConfiguration, state: &BucketState) -> Vec<u8> {
                 ..
             } => (
                 KIND_ALIGNED,
-                if adaptive_initial_tokens { F_ADAPTIVE } else { 0 },
+                if adaptive_initial_tokens {
+                    F_ADAPTIVE
+                } else {
+                    0
+                },
             ),
             // A refill kind added to the core later: encode as greedy would misread it, so
             // such a configuration cannot be produced by this version's builder paths.
@@ -275,7 +279,11 @@ pub fn decode(bytes: &[u8]) -> Result<Record, FormatError> {
             KIND_GREEDY => b.refill_greedy(refill_tokens, period),
             KIND_INTERVALLY => b.refill_intervally(refill_tokens, period),
             KIND_ALIGNED => b, // completed below, once the tail is read
-            _ => return Err(FormatError::Invalid { what: "refill kind" }),
+            _ => {
+                return Err(FormatError::Invalid {
+                    what: "refill kind",
+                });
+            }
         };
         if blk.flags & F_INITIAL != 0 {
             b = b.initial_tokens(positive(r.i64()?, "initial tokens")?);
@@ -346,4 +354,3 @@ pub fn check_storable(config: &BucketConfiguration) -> Result<(), FormatError> {
     }
     Ok(())
 }
-

@@ -187,10 +187,7 @@ mod tests {
     fn length_limit_counts_the_encoded_key() {
         let p = KeyPolicy::new("p").unwrap().max_len(8);
         assert!(p.key("abcdef").is_ok()); // "p:abcdef" = 8
-        assert_eq!(
-            p.key("abcdefg"),
-            Err(KeyError::TooLong { len: 9, max: 8 })
-        );
+        assert_eq!(p.key("abcdefg"), Err(KeyError::TooLong { len: 9, max: 8 }));
         assert_eq!(p.key("{}").unwrap().as_str(), "p:%7B%7D");
     }
 }

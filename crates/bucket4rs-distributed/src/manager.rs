@@ -784,7 +784,10 @@ where
             },
         )?;
         let new = BucketState::from_bandwidths(
-            cells.into_iter().map(core::cell::Cell::into_inner).collect(),
+            cells
+                .into_iter()
+                .map(core::cell::Cell::into_inner)
+                .collect(),
         );
         Ok((value, config, new, wrote))
     }
@@ -825,8 +828,8 @@ pub(crate) fn ttl_of(
     margin: Duration,
 ) -> Option<Duration> {
     let b = state.bandwidths();
-    let wait = ops::Refilled::new(config, now, |i| b.get(i).copied().unwrap_or_default())
-        .reset_wait(0);
+    let wait =
+        ops::Refilled::new(config, now, |i| b.get(i).copied().unwrap_or_default()).reset_wait(0);
     if wait >= bucket4rs_core::MAX_NANOS {
         None
     } else {
@@ -847,6 +850,10 @@ impl<J: Job> Transaction for OpTx<'_, J> {
         self.margin
     }
 
+    fn client_now(&self) -> Option<i64> {
+        self.clock.map(|c| c.now_nanos())
+    }
+
     fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write {
         let (write, out) = self.run(current, backend_now);
         self.out = Some(out);
@@ -860,9 +867,9 @@ impl<J: Job> OpTx<'_, J> {
         current: Option<&[u8]>,
         backend_now: Option<i64>,
     ) -> (Write, Result<Verbose<J::Output>, DistributedError>) {
-        let now = match (self.clock, backend_now) {
-            (Some(c), _) => c.now_nanos(),
-            (None, Some(n)) => n,
+        let now = match (backend_now, self.clock) {
+            (Some(n), _) => n,
+            (None, Some(c)) => c.now_nanos(),
             (None, None) => {
                 let e = BackendError::new(
                     BackendErrorKind::Protocol,

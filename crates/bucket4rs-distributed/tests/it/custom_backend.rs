@@ -18,7 +18,9 @@ pub(crate) struct MapBackend {
 
 impl MapBackend {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<StorageKey, Vec<u8>>> {
-        self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.map
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -57,7 +59,14 @@ fn a_custom_backend_replays_every_trace() {
     let mut n = 0;
     let summary = replay_all("custom MapBackend", |config, clock| {
         n += 1;
-        build(&rt, backend.clone(), "custom", &format!("t{n}"), config, clock)
+        build(
+            &rt,
+            backend.clone(),
+            "custom",
+            &format!("t{n}"),
+            config,
+            clock,
+        )
     });
     assert!(summary.steps > summary.traces);
 }
@@ -68,5 +77,8 @@ fn a_clockless_backend_cannot_be_asked_for_backend_time() {
         .time_source(bucket4rs_distributed::TimeSource::backend())
         .build()
         .unwrap_err();
-    assert!(matches!(err, bucket4rs_distributed::DistributedError::Backend(_)));
+    assert!(matches!(
+        err,
+        bucket4rs_distributed::DistributedError::Backend(_)
+    ));
 }

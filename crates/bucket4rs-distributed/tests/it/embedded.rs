@@ -18,7 +18,14 @@ fn every_trace_replays_through_the_embedded_backend() {
     let mut n = 0;
     let summary = replay_all("embedded", |config, clock| {
         n += 1;
-        build(&rt, backend.clone(), "conf", &format!("trace-{n}"), config, clock)
+        build(
+            &rt,
+            backend.clone(),
+            "conf",
+            &format!("trace-{n}"),
+            config,
+            clock,
+        )
     });
     assert!(summary.steps > summary.traces);
 }
@@ -56,7 +63,10 @@ fn idle_key_is_dropped_exactly_when_full_again_never_earlier() {
 fn key_cap_refuses_new_keys_but_never_evicts_a_non_full_bucket() {
     let rt = runtime();
     let clock = ManualClock::new(0);
-    let m = manual(&clock, EmbeddedBackend::with_clock(clock.clone()).with_max_keys(2));
+    let m = manual(
+        &clock,
+        EmbeddedBackend::with_clock(clock.clone()).with_max_keys(2),
+    );
     let config = simple(5, Duration::from_secs(5));
     let make = |k: &str| {
         let c = config.clone();
@@ -67,7 +77,9 @@ fn key_cap_refuses_new_keys_but_never_evicts_a_non_full_bucket() {
         assert!(make("b").try_consume(1).await.unwrap());
         let err = make("c").try_consume(1).await.unwrap_err();
         match err {
-            DistributedError::Backend(e) => assert_eq!(e.kind(), BackendErrorKind::CapacityExhausted),
+            DistributedError::Backend(e) => {
+                assert_eq!(e.kind(), BackendErrorKind::CapacityExhausted)
+            }
             other => panic!("unexpected {other:?}"),
         }
         // "a" is still empty: not evicted.
@@ -152,7 +164,10 @@ fn aligned_refill_needs_a_wall_clock_and_verbose_returns_the_snapshot() {
         )
         .build()
         .unwrap();
-    let bucket = m.builder().build("aligned", move || aligned.clone()).unwrap();
+    let bucket = m
+        .builder()
+        .build("aligned", move || aligned.clone())
+        .unwrap();
     rt.block_on(async {
         assert!(matches!(
             bucket.try_consume(1).await,
@@ -164,7 +179,11 @@ fn aligned_refill_needs_a_wall_clock_and_verbose_returns_the_snapshot() {
     let c = config.clone();
     let bucket = m.builder().build("verbose", move || c.clone()).unwrap();
     rt.block_on(async {
-        let v = bucket.verbose().try_consume_and_return_remaining(4).await.unwrap();
+        let v = bucket
+            .verbose()
+            .try_consume_and_return_remaining(4)
+            .await
+            .unwrap();
         assert!(v.value.is_consumed());
         assert_eq!(v.configuration, config);
         assert_eq!(v.state.bandwidths()[0].tokens(), 6);
@@ -192,7 +211,10 @@ fn blocking_form_works_off_runtime_and_refuses_inside_one() {
     assert!(matches!(inside, Err(DistributedError::Blocking(_))));
     let current = common::runtime();
     let on_current = bucket.as_async().blocking(current.handle().clone());
-    assert!(matches!(on_current.available_tokens(), Err(DistributedError::Blocking(_))));
+    assert!(matches!(
+        on_current.available_tokens(),
+        Err(DistributedError::Blocking(_))
+    ));
 }
 
 #[test]
@@ -203,12 +225,18 @@ fn zero_arguments_are_rejected_before_touching_the_backend() {
     let bucket = m.builder().build("args", move || config.clone()).unwrap();
     rt.block_on(async {
         use bucket4rs_core::OperationError::*;
-        assert_eq!(bucket.try_consume(0).await, Err(DistributedError::Operation(ZeroTokens)));
+        assert_eq!(
+            bucket.try_consume(0).await,
+            Err(DistributedError::Operation(ZeroTokens))
+        );
         assert_eq!(
             bucket.try_consume_as_much_as_possible_with_limit(0).await,
             Err(DistributedError::Operation(ZeroLimit))
         );
-        assert_eq!(bucket.reserve(1, 0).await, Err(DistributedError::Operation(ZeroMaxWait)));
+        assert_eq!(
+            bucket.reserve(1, 0).await,
+            Err(DistributedError::Operation(ZeroMaxWait))
+        );
         assert!(m.backend().is_empty());
     });
 }

@@ -78,7 +78,11 @@ fn version_1_golden_files_decode_to_the_same_record_and_reencode_identically() {
         let record = format::decode(&bytes).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert_eq!(record.config, config, "{file}");
         assert_eq!(record.state, state, "{file}");
-        assert_eq!(format::encode(&config, &state), bytes, "{file}: encoding changed");
+        assert_eq!(
+            format::encode(&config, &state),
+            bytes,
+            "{file}: encoding changed"
+        );
     }
 }
 
@@ -99,7 +103,10 @@ fn every_truncation_and_every_single_byte_corruption_is_a_typed_error_or_the_sam
     let bytes = std::fs::read(dir().join("v1_multi.bin")).unwrap();
     let original = format::decode(&bytes).unwrap();
     for len in 0..bytes.len() {
-        assert!(format::decode(&bytes[..len]).is_err(), "prefix of {len} bytes accepted");
+        assert!(
+            format::decode(&bytes[..len]).is_err(),
+            "prefix of {len} bytes accepted"
+        );
     }
     let mut extra = bytes.clone();
     extra.push(0);
@@ -125,7 +132,10 @@ fn every_truncation_and_every_single_byte_corruption_is_a_typed_error_or_the_sam
             }
         }
     }
-    assert_eq!(format::decode(b"nope-not-a-record"), Err(FormatError::BadMagic));
+    assert_eq!(
+        format::decode(b"nope-not-a-record"),
+        Err(FormatError::BadMagic)
+    );
     assert_eq!(format::decode(b""), Err(FormatError::Truncated));
 }
 

@@ -1,0 +1,17 @@
+-- bucket4rs: compare-and-set of a bucket record (the exact path; see docs/distributed.md).
+-- KEYS[1] the key; ARGV[1] '0' expect absent, '1' expect ARGV[2]; ARGV[3] new record;
+-- ARGV[4] TTL in milliseconds ('' : no expiry). Returns 1 when written, 0 on conflict.
+local key = KEYS[1]
+local ok, cur = pcall(redis.call, 'GET', key)
+if not ok then return -1 end
+if ARGV[1] == '0' then
+  if cur then return 0 end
+elseif cur ~= ARGV[2] then
+  return 0
+end
+if ARGV[4] == '' then
+  redis.call('SET', key, ARGV[3])
+else
+  redis.call('SET', key, ARGV[3], 'PX', ARGV[4])
+end
+return 1

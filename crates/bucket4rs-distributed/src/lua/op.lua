@@ -1,0 +1,234 @@
+-- bucket4rs: one operation on one bucket record, atomically (see docs/distributed.md).
+--
+-- KEYS[1]  the bucket key
+-- ARGV[1]  command code (0: none, just return the record for the client to compute)
+-- ARGV[2]  tokens / limit (-1: no limit)        ARGV[3]  max wait (reserve)
+-- ARGV[4]  now high 32 bits, ARGV[5] now low 32 bits (both '' : use TIME)
+-- ARGV[6]  TTL margin in milliseconds
+--
+-- Returns {status, now_hi, now_lo [, pre-image [, post-image]]}:
+--   0 absent (nothing written), 1 done (post-image present iff written),
+--   2 not computed here (exactness not guaranteed, or code 0): the client computes with the
+--     Rust core and compare-and-sets, 3 wrong type (pre-image slot holds the type name).
+--
+-- Exactness: Lua numbers are IEEE doubles. Every integer used here is checked to stay
+-- below 2^53 in magnitude, where doubles are exact; remainders use math.fmod (always exact)
+-- and quotients (a - fmod(a, b)) / b (exact). 64-bit fields are read as two 32-bit halves
+-- and combined only when the result is below 2^53; clock readings stay as (hi, lo) pairs.
+-- Whenever a check fails, the script returns status 2 instead of guessing.
+
+local P32 = 4294967296
+local LIM = 9007199254740992 -- 2^53
+local key = KEYS[1]
+
+local ok, rec = pcall(redis.call, 'GET', key)
+if not ok then
+  return {3, 0, 0, redis.call('TYPE', key)['ok']}
+end
+
+local nh, nl
+if ARGV[4] == '' then
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  local sh = math.floor(s / 65536)
+  local sl = s - sh * 65536
+  local x = sh * 1000000000              -- < 2^45; the value is x * 2^16
+  local xh = math.floor(x / 65536)
+  local xl = (x - xh * 65536) * 65536
+  local y = sl * 1000000000 + us * 1000  -- < 2^47
+  local yh = math.floor(y / P32)
+  nl = xl + (y - yh * P32)
+  nh = xh + yh
+  if nl >= P32 then nl = nl - P32; nh = nh + 1 end
+else
+  nh, nl = tonumber(ARGV[4]), tonumber(ARGV[5])
+end
+
+if not rec then return {0, nh, nl} end
+local cmd = tonumber(ARGV[1])
+if cmd == 0 then return {2, nh, nl, rec} end
+if #rec < 12 or string.sub(rec, 1, 6) ~= 'b4rs\1\0' then return {2, nh, nl, rec} end
+local n = struct.unpack('>I2', rec, 7)
+if n < 1 or n > 16 or #rec < 12 + 56 * n then return {2, nh, nl, rec} end
+
+local function small(pos)
+  local h, l = struct.unpack('>i4I4', rec, pos)
+  if h >= 2097152 or h < -2097152 then return nil end
+  return h * P32 + l
+end
+
+-- L - now, exact, or nil when it does not fit below 2^53
+local function minus_now(lh, ll)
+  local dh = lh - nh
+  if dh >= 2097152 or dh < -2097152 then return nil end
+  return dh * P32 + (ll - nl)
+end
+
+local B = {}
+for i = 1, n do
+  local base = 13 + 56 * (i - 1)
+  local kind = string.byte(rec, base)
+  local c, t, p = small(base + 8), small(base + 16), small(base + 24)
+  local lh, ll = struct.unpack('>i4I4', rec, base + 32)
+  local s, e = small(base + 40), small(base + 48)
+  if kind > 2 or not (c and t and p and s and e) or e < 0 or e >= p or p < 1 or t < 1
+      or c < 1 or (kind ~= 0 and e ~= 0) then
+    return {2, nh, nl, rec}
+  end
+  -- refill to now (SEMANTICS 4.1)
+  local el = minus_now(lh, ll)
+  if el == nil then
+    if lh - nh < 0 then return {2, nh, nl, rec} end -- now far ahead of L: too long a gap
+    el = -1                                          -- L far ahead of now: no refill
+  else
+    el = -el
+  end
+  if el > 0 then
+    local d = el
+    if kind ~= 0 then d = el - math.fmod(el, p) end
+    if d > 0 then
+      local dH = math.floor(d / P32)
+      ll = ll + (d - dH * P32)
+      lh = lh + dH
+      if ll >= P32 then ll = ll - P32; lh = lh + 1 end
+      if s < c then
+        local td = t * d
+        if td >= LIM then return {2, nh, nl, rec} end
+        local v = td + e
+        if v >= LIM then return {2, nh, nl, rec} end
+        local r = math.fmod(v, p)
+        local add = (v - r) / p
+        if s + add >= c then s = c; e = 0 else s = s + add; e = r end
+      end
+    end
+  end
+  B[i] = {kind = kind, c = c, t = t, p = p, lh = lh, ll = ll, s = s, e = e}
+end
+
+local a = B[1].s
+for i = 2, n do if B[i].s < a then a = B[i].s end end
+
+-- wait until `deficit` more tokens (SEMANTICS 5.1); nil when not exact here
+local function wait_for(b, deficit)
+  local lmn = minus_now(b.lh, b.ll)
+  if lmn == nil then return nil end
+  if b.kind ~= 0 then
+    local r = math.fmod(deficit, b.t)
+    local q = (deficit - r) / b.t
+    if r > 0 then q = q + 1 end
+    local w = (q - 1) * b.p
+    if w >= LIM then return nil end
+    w = w + lmn + b.p
+    if w >= LIM then return nil end
+    if w < 0 then w = 0 end
+    return w
+  end
+  local gap = lmn
+  if gap < 0 then gap = 0 end
+  local pd = b.p * deficit
+  if pd >= LIM then return nil end
+  local need = pd - b.e
+  local r = math.fmod(need, b.t)
+  local q = (need - r) / b.t
+  if r > 0 then q = q + 1 end
+  local w = gap + q
+  if w >= LIM then return nil end
+  return w
+end
+
+-- non-strict request wait (SEMANTICS 5.2)
+local function request_wait(tokens)
+  local W = 0
+  for i = 1, n do
+    local b = B[i]
+    if tokens > b.s then
+      local deficit = tokens - b.s
+      if deficit >= LIM then return nil end
+      local w = wait_for(b, deficit)
+      if w == nil then return nil end
+      if w > W then W = w end
+    end
+  end
+  return W
+end
+
+local arg = tonumber(ARGV[2])
+local mutate = nil -- 'consume', 'add', 'force', 'reset'
+local amount = 0
+if cmd == 1 or cmd == 2 then
+  if arg <= a then mutate = 'consume'; amount = arg end
+elseif cmd == 4 then
+  if a > 0 then
+    amount = a
+    if arg >= 0 and arg < a then amount = arg end
+    mutate = 'consume'
+  end
+elseif cmd == 5 then mutate = 'add'; amount = arg
+elseif cmd == 6 then mutate = 'force'; amount = arg
+elseif cmd == 7 then mutate = 'reset'
+elseif cmd == 9 or cmd == 10 then
+  local W = request_wait(arg)
+  if W == nil then return {2, nh, nl, rec} end
+  if cmd == 9 or W <= tonumber(ARGV[3]) then mutate = 'consume'; amount = arg end
+elseif cmd ~= 3 and cmd ~= 8 then
+  return {2, nh, nl, rec}
+end
+
+if mutate == nil then return {1, nh, nl, rec} end
+
+for i = 1, n do
+  local b = B[i]
+  if mutate == 'consume' then
+    b.s = b.s - amount
+    if b.s <= -LIM then return {2, nh, nl, rec} end
+  elseif mutate == 'add' then
+    if b.s + amount >= b.c then b.s = b.c; b.e = 0 else b.s = b.s + amount end
+  elseif mutate == 'force' then
+    b.s = b.s + amount
+    if b.s >= LIM then return {2, nh, nl, rec} end
+  else
+    b.s = b.c; b.e = 0
+  end
+end
+
+-- TTL: an upper bound (in doubles, rounded generously upwards) of the time until every
+-- bandwidth is full again, plus the margin. Never shorter than the exact reset wait.
+local full = 0
+for i = 1, n do
+  local b = B[i]
+  if b.s < b.c then
+    local D = b.c - b.s
+    local lmn = (b.lh - nh) * P32 + (b.ll - nl)
+    local w
+    if b.kind ~= 0 then
+      w = math.ceil(D / b.t) * b.p + lmn
+    else
+      if lmn < 0 then lmn = 0 end
+      w = lmn + (b.p * D) / b.t + 1
+    end
+    if w > full then full = w end
+  end
+end
+
+local parts = {}
+local pos = 1
+for i = 1, n do
+  local b = B[i]
+  local base = 13 + 56 * (i - 1)
+  local sh = math.floor(b.s / P32)
+  local eh = math.floor(b.e / P32)
+  parts[#parts + 1] = string.sub(rec, pos, base + 31)
+  parts[#parts + 1] = struct.pack('>i4I4i4I4i4I4', b.lh, b.ll, sh, b.s - sh * P32, eh, b.e - eh * P32)
+  pos = base + 56
+end
+parts[#parts + 1] = string.sub(rec, pos)
+local post = table.concat(parts)
+
+local margin = tonumber(ARGV[6])
+local ttl = math.ceil(full * 1.000001 / 1000000) + 1 + margin
+if ttl < 4.0e15 then
+  redis.call('SET', key, post, 'PX', ttl)
+else
+  redis.call('SET', key, post)
+end
+return {1, nh, nl, rec, post}

@@ -1,0 +1,506 @@
+//! The Redis backend: one `EVALSHA` round trip per operation, atomic, exact.
+
+use core::fmt;
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::time::Duration;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, RedisError, Value};
+
+use crate::backend::{Backend, BackendClock, Command, Transaction, Write};
+use crate::error::{BackendError, BackendErrorKind};
+use crate::key::StorageKey;
+
+const OP_SCRIPT: &str = include_str!("lua/op.lua");
+const CAS_SCRIPT: &str = include_str!("lua/cas.lua");
+/// Arguments at or above this go straight to the client-computed path.
+const EXACT: u64 = 1 << 53;
+
+/// Connection settings of a [`RedisBackend`].
+///
+/// ```
+/// use bucket4rs_distributed::RedisOptions;
+/// use std::time::Duration;
+/// let o = RedisOptions::default().response_timeout(Duration::from_millis(200)).connections(2);
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct RedisOptions {
+    response_timeout: Duration,
+    connect_timeout: Duration,
+    connections: usize,
+}
+
+impl Default for RedisOptions {
+    /// 500 ms response timeout, 1 s connect timeout, one multiplexed connection.
+    fn default() -> Self {
+        Self {
+            response_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_secs(1),
+            connections: 1,
+        }
+    }
+}
+
+impl RedisOptions {
+    /// How long one command may wait for its reply.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::RedisOptions; use std::time::Duration;
+    /// let o = RedisOptions::default().response_timeout(Duration::from_millis(100));
+    /// ```
+    pub fn response_timeout(mut self, d: Duration) -> Self {
+        self.response_timeout = d;
+        self
+    }
+
+    /// How long one connection attempt may take.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::RedisOptions; use std::time::Duration;
+    /// let o = RedisOptions::default().connect_timeout(Duration::from_millis(100));
+    /// ```
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// Number of multiplexed connections used round-robin (default 1: requests of all tasks
+    /// are pipelined on it).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::RedisOptions;
+    /// let o = RedisOptions::default().connections(4);
+    /// ```
+    pub fn connections(mut self, n: usize) -> Self {
+        self.connections = n.max(1);
+        self
+    }
+}
+
+/// Counters of a [`RedisBackend`] (for tests, benchmarks and monitoring).
+///
+/// ```
+/// let s = bucket4rs_distributed::RedisStats::default();
+/// assert_eq!(s.round_trips, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisStats {
+    /// Commands sent (each one network round trip).
+    pub round_trips: u64,
+    /// Operations completed by the Lua fast path.
+    pub fast_path: u64,
+    /// Operations computed by the client and compare-and-set (extreme values, replacement).
+    pub exact_path: u64,
+    /// Lost compare-and-set races (retried by the manager).
+    pub conflicts: u64,
+    /// Scripts reloaded after `NOSCRIPT` (e.g. after `SCRIPT FLUSH` or a restart).
+    pub script_reloads: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    round_trips: AtomicU64,
+    fast_path: AtomicU64,
+    exact_path: AtomicU64,
+    conflicts: AtomicU64,
+    script_reloads: AtomicU64,
+}
+
+struct Script {
+    source: &'static str,
+    sha: String,
+}
+
+impl Script {
+    fn new(source: &'static str) -> Self {
+        Self {
+            source,
+            sha: redis::Script::new(source).get_hash().to_owned(),
+        }
+    }
+}
+
+/// Buckets in Redis.
+///
+/// Each operation is one `EVALSHA` of a Lua script that reads the record, computes the
+/// operation exactly with integers kept below 2^53, writes the new record with its TTL and
+/// returns the record it read; the client recomputes the result with the Rust core from that
+/// pre-image and checks the script wrote the same bytes. When exactness cannot be guaranteed
+/// in doubles (huge capacities, long gaps) or for configuration replacement, the script
+/// returns the record unchanged and the client computes with the core and writes with a
+/// compare-and-set script (bounded retries). `NOSCRIPT` is handled by sending the script
+/// again with `EVAL`. See `docs/distributed.md`.
+///
+/// ```no_run
+/// use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// use bucket4rs_distributed::{ProxyManager, RedisBackend, RedisOptions};
+/// use std::time::Duration;
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let backend = RedisBackend::connect("redis://127.0.0.1:6379", RedisOptions::default()).await?;
+/// let manager = ProxyManager::configure(backend).key_prefix("api").build()?;
+/// let config = BucketConfiguration::builder()
+///     .add_limit(Bandwidth::simple(100, Duration::from_secs(60))?)
+///     .build()?;
+/// let bucket = manager.builder().build("tenant-1", move || config.clone())?;
+/// if !bucket.try_consume(1).await? {
+///     // reply 429
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    connections: Arc<[ConnectionManager]>,
+    next: Arc<AtomicUsize>,
+    op: Arc<Script>,
+    cas: Arc<Script>,
+    counters: Arc<Counters>,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("connections", &self.connections.len())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+fn map_err(e: RedisError) -> BackendError {
+    let kind = if e.is_timeout() {
+        BackendErrorKind::Timeout
+    } else if e.is_connection_refusal() || e.is_io_error() || e.is_connection_dropped() {
+        BackendErrorKind::Unavailable
+    } else if e.code() == Some("WRONGTYPE") {
+        BackendErrorKind::WrongType
+    } else if e.kind() == ErrorKind::TypeError || e.kind() == ErrorKind::ResponseError {
+        BackendErrorKind::Protocol
+    } else {
+        BackendErrorKind::Other
+    };
+    // Only a refused connection certainly did not run the command.
+    let retryable = e.is_connection_refusal();
+    BackendError::new(kind, e.to_string())
+        .retryable(retryable)
+        .with_source(e)
+}
+
+fn protocol(what: &str) -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Protocol,
+        format!("unexpected reply: {what}"),
+    )
+}
+
+fn int(v: Option<&Value>) -> Result<i64, BackendError> {
+    match v {
+        Some(Value::Int(i)) => Ok(*i),
+        _ => Err(protocol("expected an integer")),
+    }
+}
+
+fn bytes(v: Option<&Value>) -> Result<Option<&[u8]>, BackendError> {
+    match v {
+        None | Some(Value::Nil) => Ok(None),
+        Some(Value::BulkString(b)) => Ok(Some(b)),
+        _ => Err(protocol("expected a bulk string")),
+    }
+}
+
+fn ttl_ms(ttl: Option<Duration>) -> String {
+    match ttl {
+        None => String::new(),
+        Some(t) => {
+            let ms = t.as_nanos().div_ceil(1_000_000).max(1);
+            // Beyond ~126 000 years: keep forever rather than overflow Redis' limit.
+            if ms >= 4_000_000_000_000_000 {
+                String::new()
+            } else {
+                ms.to_string()
+            }
+        }
+    }
+}
+
+impl RedisBackend {
+    /// Connects to `url` (`redis://host:port/db`) with `options`.
+    ///
+    /// # Errors
+    /// [`BackendErrorKind::Unavailable`] / [`BackendErrorKind::Timeout`] when Redis cannot
+    /// be reached within the connect timeout.
+    ///
+    /// ```no_run
+    /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = RedisBackend::connect("redis://127.0.0.1:6379", RedisOptions::default()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, BackendError> {
+        let client = redis::Client::open(url).map_err(map_err)?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(options.response_timeout)
+            .set_connection_timeout(options.connect_timeout)
+            .set_number_of_retries(2)
+            .set_factor(10)
+            .set_max_delay(200);
+        let mut connections = Vec::with_capacity(options.connections);
+        for _ in 0..options.connections {
+            let connect = ConnectionManager::new_with_config(client.clone(), config.clone());
+            let budget = options.connect_timeout.saturating_mul(4);
+            let conn = match tokio::time::timeout(budget, connect).await {
+                Ok(r) => r.map_err(map_err)?,
+                Err(_) => {
+                    return Err(BackendError::new(
+                        BackendErrorKind::Timeout,
+                        format!("could not connect to Redis within {budget:?}"),
+                    ));
+                }
+            };
+            connections.push(conn);
+        }
+        Ok(Self {
+            connections: connections.into(),
+            next: Arc::new(AtomicUsize::new(0)),
+            op: Arc::new(Script::new(OP_SCRIPT)),
+            cas: Arc::new(Script::new(CAS_SCRIPT)),
+            counters: Arc::new(Counters::default()),
+        })
+    }
+
+    /// A snapshot of the counters.
+    ///
+    /// ```no_run
+    /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let backend = RedisBackend::connect("redis://127.0.0.1:6379", RedisOptions::default()).await?;
+    /// println!("{:?}", backend.stats());
+    /// # Ok(()) }
+    /// ```
+    pub fn stats(&self) -> RedisStats {
+        let c = &self.counters;
+        RedisStats {
+            round_trips: c.round_trips.load(Ordering::Relaxed),
+            fast_path: c.fast_path.load(Ordering::Relaxed),
+            exact_path: c.exact_path.load(Ordering::Relaxed),
+            conflicts: c.conflicts.load(Ordering::Relaxed),
+            script_reloads: c.script_reloads.load(Ordering::Relaxed),
+        }
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
+        self.connections[i].clone()
+    }
+
+    async fn eval(
+        &self,
+        script: &Script,
+        key: &StorageKey,
+        args: &[&[u8]],
+    ) -> Result<Value, BackendError> {
+        let mut conn = self.conn();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&script.sha).arg(1).arg(key.as_str());
+        for a in args {
+            cmd.arg(*a);
+        }
+        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+        match cmd.query_async::<Value>(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                // The script cache was flushed (SCRIPT FLUSH, restart, failover): EVAL sends
+                // the source, runs it and caches it again, in one round trip.
+                self.counters.script_reloads.fetch_add(1, Ordering::Relaxed);
+                self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(script.source).arg(1).arg(key.as_str());
+                for a in args {
+                    cmd.arg(*a);
+                }
+                cmd.query_async::<Value>(&mut conn).await.map_err(map_err)
+            }
+            r => r.map_err(map_err),
+        }
+    }
+
+    /// Compare-and-set `write` over `expected` (`None`: absent).
+    async fn cas(
+        &self,
+        key: &StorageKey,
+        expected: Option<&[u8]>,
+        write: Write,
+    ) -> Result<(), BackendError> {
+        let Write::Put { record, ttl } = write else {
+            return Ok(());
+        };
+        let ttl = ttl_ms(ttl);
+        let (flag, exp): (&[u8], &[u8]) = match expected {
+            None => (b"0", b""),
+            Some(e) => (b"1", e),
+        };
+        let reply = self
+            .eval(&self.cas, key, &[flag, exp, &record, ttl.as_bytes()])
+            .await?;
+        match reply {
+            Value::Int(1) => Ok(()),
+            Value::Int(0) => {
+                self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                Err(BackendError::new(
+                    BackendErrorKind::Conflict,
+                    "the record changed between read and write",
+                )
+                .retryable(true))
+            }
+            Value::Int(-1) => Err(BackendError::new(
+                BackendErrorKind::WrongType,
+                "not a string",
+            )),
+            _ => Err(protocol("compare-and-set reply")),
+        }
+    }
+}
+
+fn command_args(command: Command) -> (u8, u64, u64) {
+    let fits = |n: u64| n < EXACT;
+    match command {
+        Command::TryConsume(n) if fits(n) => (1, n, 0),
+        Command::TryConsumeAndReturnRemaining(n) if fits(n) => (2, n, 0),
+        Command::EstimateAbilityToConsume(n) if fits(n) => (3, n, 0),
+        Command::TryConsumeAsMuchAsPossible(None) => (4, u64::MAX, 0),
+        Command::TryConsumeAsMuchAsPossible(Some(l)) if fits(l) => (4, l, 0),
+        Command::AddTokens(n) if fits(n) => (5, n, 0),
+        Command::ForceAddTokens(n) if fits(n) => (6, n, 0),
+        Command::Reset => (7, 0, 0),
+        Command::AvailableTokens => (8, 0, 0),
+        Command::ConsumeIgnoringRateLimits(n) if fits(n) => (9, n, 0),
+        Command::Reserve {
+            tokens,
+            max_wait_nanos,
+        } if fits(tokens) => (10, tokens, max_wait_nanos),
+        _ => (0, 0, 0),
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    async fn transact(
+        &self,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+    ) -> Result<(), BackendError> {
+        let (code, arg, max_wait) = command_args(tx.command());
+        let (hi, lo) = match tx.client_now() {
+            Some(now) => ((now >> 32).to_string(), (now & 0xffff_ffff).to_string()),
+            None => (String::new(), String::new()),
+        };
+        let arg = if code == 4 && arg == u64::MAX {
+            "-1".to_owned()
+        } else {
+            arg.to_string()
+        };
+        let margin = tx.ttl_margin().as_millis().min(1 << 50).to_string();
+        let reply = self
+            .eval(
+                &self.op,
+                key,
+                &[
+                    code.to_string().as_bytes(),
+                    arg.as_bytes(),
+                    max_wait.to_string().as_bytes(),
+                    hi.as_bytes(),
+                    lo.as_bytes(),
+                    margin.as_bytes(),
+                ],
+            )
+            .await?;
+        let Value::Array(items) = reply else {
+            return Err(protocol("script reply is not an array"));
+        };
+        let status = int(items.first())?;
+        let now = (int(items.get(1))? << 32) | (int(items.get(2))? & 0xffff_ffff);
+        match status {
+            0 => {
+                self.counters.exact_path.fetch_add(1, Ordering::Relaxed);
+                let write = tx.apply(None, Some(now));
+                self.cas(key, None, write).await
+            }
+            1 => {
+                self.counters.fast_path.fetch_add(1, Ordering::Relaxed);
+                let pre = bytes(items.get(3))?.ok_or_else(|| protocol("missing pre-image"))?;
+                let post = bytes(items.get(4))?;
+                // The core decides; the script must have written exactly the same bytes.
+                let expected = tx.apply(Some(pre), Some(now));
+                let agrees = match (&expected, post) {
+                    (Write::Keep, None) => true,
+                    (Write::Put { record, .. }, Some(p)) => record.as_slice() == p,
+                    (Write::Put { record, .. }, None) => record.as_slice() == pre,
+                    (Write::Keep, Some(p)) => p == pre,
+                };
+                if agrees || tx_failed_to_decode(pre) {
+                    Ok(())
+                } else {
+                    Err(BackendError::new(
+                        BackendErrorKind::Inconsistent,
+                        format!(
+                            "the Lua fast path and the core disagree on {:?} for key {key}",
+                            tx.command()
+                        ),
+                    ))
+                }
+            }
+            2 => {
+                self.counters.exact_path.fetch_add(1, Ordering::Relaxed);
+                let pre = bytes(items.get(3))?.ok_or_else(|| protocol("missing record"))?;
+                let write = tx.apply(Some(pre), Some(now));
+                self.cas(key, Some(pre), write).await
+            }
+            3 => {
+                let found = match items.get(3) {
+                    Some(Value::SimpleString(s)) => s.clone(),
+                    Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                    _ => "unknown".to_owned(),
+                };
+                Err(BackendError::new(BackendErrorKind::WrongType, found))
+            }
+            _ => Err(protocol("unknown script status")),
+        }
+    }
+
+    async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+        let mut conn = self.conn();
+        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+        let v: Value = redis::cmd("GET")
+            .arg(key.as_str())
+            .query_async(&mut conn)
+            .await
+            .map_err(map_err)?;
+        match v {
+            Value::Nil => Ok(None),
+            Value::BulkString(b) => Ok(Some(b)),
+            _ => Err(protocol("GET reply")),
+        }
+    }
+
+    async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
+        let mut conn = self.conn();
+        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+        let n: i64 = redis::cmd("DEL")
+            .arg(key.as_str())
+            .query_async(&mut conn)
+            .await
+            .map_err(map_err)?;
+        Ok(n > 0)
+    }
+
+    fn clock(&self) -> BackendClock {
+        BackendClock::WallClock
+    }
+}
+
+/// Whether the pre-image is not a readable record: then the transaction reported a typed
+/// format error to its caller, and the script's rewrite of a corrupt record is moot.
+fn tx_failed_to_decode(pre: &[u8]) -> bool {
+    crate::format::decode(pre).is_err()
+}

@@ -1,0 +1,672 @@
+//! The Redis backend against a real Redis (`BUCKET4RS_REDIS_URL`, default
+//! `redis://127.0.0.1:6379`). An unreachable Redis fails these tests loudly.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bucket4rs_core::{
+    Bandwidth, BandwidthState, BucketConfiguration, BucketState, Clock, ManualClock, ops,
+};
+use bucket4rs_distributed::{
+    DistributedError, FormatError, ProxyManager, RedisBackend, RedisOptions, TimeSource, format,
+};
+use bucket4rs_test::replay_all;
+use rand::Rng;
+use redis::AsyncCommands;
+
+use crate::common::{build, runtime, simple, unique_prefix};
+
+fn url() -> String {
+    std::env::var("BUCKET4RS_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+async fn backend_at(url: &str) -> RedisBackend {
+    RedisBackend::connect(url, RedisOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("Redis at {url} is required for these tests: {e}"))
+}
+
+async fn backend() -> RedisBackend {
+    backend_at(&url()).await
+}
+
+async fn raw() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("Redis at {} is required: {e}", url()))
+}
+
+#[test]
+fn every_trace_replays_through_redis_with_a_manual_client_clock() {
+    let rt = runtime();
+    let backend = rt.block_on(backend());
+    let prefix = unique_prefix("conformance");
+    let mut n = 0;
+    let summary = replay_all("redis", |config, clock| {
+        n += 1;
+        build(
+            &rt,
+            backend.clone(),
+            &prefix,
+            &format!("t{n}"),
+            config,
+            clock,
+        )
+    });
+    assert!(summary.steps > summary.traces);
+    let stats = backend.stats();
+    println!("redis conformance stats: {stats:?}");
+    // Both paths were exercised: the Lua fast path for ordinary values, the exact client
+    // path for the extreme traces and replacements.
+    assert!(stats.fast_path > 1_000, "{stats:?}");
+    assert!(stats.exact_path > 172, "{stats:?}");
+}
+
+/// A random valid configuration of 1..=3 bandwidths, mostly with values where the Lua fast
+/// path applies, sometimes not.
+fn random_config(rng: &mut impl Rng) -> BucketConfiguration {
+    let n = rng.random_range(1..=3);
+    let mut builder = BucketConfiguration::builder();
+    for _ in 0..n {
+        let big = rng.random_bool(0.05);
+        let capacity = if big {
+            rng.random_range(1u64..=i64::MAX as u64)
+        } else {
+            rng.random_range(1u64..=10_000)
+        };
+        let period = if rng.random_bool(0.5) {
+            rng.random_range(1u64..=1_000_000_000_000)
+        } else {
+            rng.random_range(1u64..=10_000)
+        };
+        let tokens = rng.random_range(1..=period.min(capacity.saturating_mul(3)).min(1 << 40));
+        let b = Bandwidth::builder().capacity(capacity);
+        let b = if rng.random_bool(0.6) {
+            b.refill_greedy(tokens, Duration::from_nanos(period))
+        } else {
+            b.refill_intervally(tokens, Duration::from_nanos(period))
+        };
+        let b = if rng.random_bool(0.2) {
+            b.initial_tokens(rng.random_range(0..=capacity))
+        } else {
+            b
+        };
+        builder = builder.add_limit(b.build().unwrap());
+    }
+    builder.build().unwrap()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum RandomOp {
+    TryConsume(u64),
+    Probe(u64),
+    Estimate(u64),
+    AsMuch(Option<u64>),
+    Add(u64),
+    Force(u64),
+    Reset,
+    Available,
+    Ignoring(u64),
+    Reserve(u64, u64),
+}
+
+fn random_op(rng: &mut impl Rng) -> RandomOp {
+    let n = if rng.random_bool(0.9) {
+        rng.random_range(1..=200)
+    } else {
+        rng.random_range(1..=1u64 << 40)
+    };
+    match rng.random_range(0..10) {
+        0 => RandomOp::TryConsume(n),
+        1 => RandomOp::Probe(n),
+        2 => RandomOp::Estimate(n),
+        3 => RandomOp::AsMuch(rng.random_bool(0.5).then_some(n)),
+        4 => RandomOp::Add(n),
+        5 => RandomOp::Force(n),
+        6 => RandomOp::Reset,
+        7 => RandomOp::Available,
+        8 => RandomOp::Ignoring(n),
+        _ => RandomOp::Reserve(n, rng.random_range(1..=u64::MAX)),
+    }
+}
+
+/// The result of an operation, comparable across the core and the remote bucket.
+fn core_result(op: RandomOp, c: &BucketConfiguration, s: &mut BucketState, now: i64) -> String {
+    let r = match op {
+        RandomOp::TryConsume(n) => s
+            .apply(c, now, &ops::TryConsume(n))
+            .map(|v| format!("{v:?}")),
+        RandomOp::Probe(n) => s
+            .apply(c, now, &ops::TryConsumeAndReturnRemaining(n))
+            .map(|v| format!("{v:?}")),
+        RandomOp::Estimate(n) => s
+            .apply(c, now, &ops::EstimateAbilityToConsume(n))
+            .map(|v| format!("{v:?}")),
+        RandomOp::AsMuch(l) => s
+            .apply(c, now, &ops::TryConsumeAsMuchAsPossible(l))
+            .map(|v| format!("{v:?}")),
+        RandomOp::Add(n) => s
+            .apply(c, now, &ops::AddTokens(n))
+            .map(|v| format!("{v:?}")),
+        RandomOp::Force(n) => s
+            .apply(c, now, &ops::ForceAddTokens(n))
+            .map(|v| format!("{v:?}")),
+        RandomOp::Reset => s.apply(c, now, &ops::Reset).map(|v| format!("{v:?}")),
+        RandomOp::Available => s
+            .apply(c, now, &ops::AvailableTokens)
+            .map(|v| format!("{v:?}")),
+        RandomOp::Ignoring(n) => s
+            .apply(c, now, &ops::ConsumeIgnoringRateLimits(n))
+            .map(|v| format!("{v:?}")),
+        RandomOp::Reserve(n, w) => s
+            .apply(
+                c,
+                now,
+                &ops::Reserve {
+                    tokens: n,
+                    max_wait_nanos: w,
+                },
+            )
+            .map(|v| format!("{v:?}")),
+    };
+    match r {
+        Ok(v) => v,
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+async fn remote_result<B: bucket4rs_distributed::Backend>(
+    op: RandomOp,
+    b: &bucket4rs_distributed::RemoteBucket<B>,
+) -> String {
+    fn show<T: std::fmt::Debug>(r: Result<T, DistributedError>) -> String {
+        match r {
+            Ok(v) => format!("{v:?}"),
+            Err(DistributedError::Operation(e)) => format!("error: {e}"),
+            Err(e) => panic!("backend failure: {e:?}"),
+        }
+    }
+    match op {
+        RandomOp::TryConsume(n) => show(b.try_consume(n).await),
+        RandomOp::Probe(n) => show(b.try_consume_and_return_remaining(n).await),
+        RandomOp::Estimate(n) => show(b.estimate_ability_to_consume(n).await),
+        RandomOp::AsMuch(None) => show(b.try_consume_as_much_as_possible().await),
+        RandomOp::AsMuch(Some(l)) => show(b.try_consume_as_much_as_possible_with_limit(l).await),
+        RandomOp::Add(n) => show(b.add_tokens(n).await),
+        RandomOp::Force(n) => show(b.force_add_tokens(n).await),
+        RandomOp::Reset => show(b.reset().await),
+        RandomOp::Available => show(b.available_tokens().await),
+        RandomOp::Ignoring(n) => show(b.consume_ignoring_rate_limits(n).await),
+        RandomOp::Reserve(n, w) => show(b.reserve(n, w).await),
+    }
+}
+
+#[test]
+fn lua_fast_path_is_byte_identical_to_the_core_on_random_states() {
+    let rt = runtime();
+    rt.block_on(async {
+        let backend = backend().await;
+        let mut raw = raw().await;
+        let prefix = unique_prefix("random");
+        let mut rng = rand::rng();
+        let cases = 1_500;
+        for case in 0..cases {
+            let config = random_config(&mut rng);
+            // Reach a random valid state through the core itself.
+            let t0: i64 = rng.random_range(-1_000_000_000_000..=2_000_000_000_000_000_000);
+            let mut state = BucketState::new(&config, t0);
+            let mut now = t0;
+            for _ in 0..rng.random_range(0..4) {
+                now += rng.random_range(-1_000..=5_000_000_000);
+                let _ = core_result(random_op(&mut rng), &config, &mut state, now);
+            }
+            let clock = ManualClock::new(now);
+            let manager = ProxyManager::configure(backend.clone())
+                .key_prefix(prefix.as_str())
+                .time_source(TimeSource::client(clock.clone()))
+                .build()
+                .unwrap();
+            let c2 = config.clone();
+            let bucket = manager
+                .builder()
+                .build(format!("k{case}"), move || c2.clone())
+                .unwrap();
+            let _: () = raw
+                .set(bucket.key().as_str(), format::encode(&config, &state))
+                .await
+                .unwrap();
+            for _ in 0..3 {
+                let step = if rng.random_bool(0.5) {
+                    rng.random_range(0..=2_000_000_000)
+                } else {
+                    rng.random_range(-10..=10)
+                };
+                clock.advance_nanos(step);
+                let op = random_op(&mut rng);
+                let expected = core_result(op, &config, &mut state, clock.now_nanos());
+                let got = remote_result(op, &bucket).await;
+                assert_eq!(got, expected, "case {case}: {op:?} on {config:?}");
+                let stored: Vec<u8> = raw.get(bucket.key().as_str()).await.unwrap();
+                assert_eq!(
+                    stored,
+                    format::encode(&config, &state),
+                    "case {case}: {op:?}"
+                );
+            }
+        }
+        let stats = backend.stats();
+        println!("random cross-check stats: {stats:?}");
+        assert!(
+            stats.fast_path > 3 * cases * 7 / 10,
+            "the fast path was rarely taken: {stats:?}"
+        );
+        assert!(stats.exact_path > 0, "{stats:?}");
+    });
+}
+
+const CHILD_ENV: &str = "BUCKET4RS_TEST_CHILD_KEY";
+
+#[test]
+fn four_processes_share_one_key_and_grant_exactly_its_tokens() {
+    let config = || simple(5_000, Duration::from_secs(1_000_000)); // no refill in the window
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        // Child process: 4 tasks × 1000 attempts, then report.
+        let (prefix, start_ms) = spec.split_once('|').unwrap();
+        let start_ms: u128 = start_ms.parse().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let granted: u64 = rt.block_on(async {
+            let manager = ProxyManager::configure(backend().await)
+                .key_prefix(prefix)
+                .build()
+                .unwrap();
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis();
+            if start_ms > now_ms {
+                tokio::time::sleep(Duration::from_millis((start_ms - now_ms) as u64)).await;
+            }
+            let mut tasks = Vec::new();
+            for _ in 0..4 {
+                let b = manager.builder().build("hot", config).unwrap();
+                tasks.push(tokio::spawn(async move {
+                    let mut n = 0u64;
+                    for _ in 0..1_000 {
+                        if b.try_consume(1).await.unwrap() {
+                            n += 1;
+                        }
+                    }
+                    n
+                }));
+            }
+            let mut total = 0;
+            for t in tasks {
+                total += t.await.unwrap();
+            }
+            total
+        });
+        println!("GRANTED {granted}");
+        return;
+    }
+    let prefix = unique_prefix("procs");
+    let rt = runtime();
+    let manager = rt.block_on(async {
+        ProxyManager::configure(backend().await)
+            .key_prefix(prefix.as_str())
+            .build()
+            .unwrap()
+    });
+    let bucket = manager.builder().build("hot", config).unwrap();
+    assert_eq!(rt.block_on(bucket.available_tokens()).unwrap(), 5_000);
+    let start_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 700;
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "redis::four_processes_share_one_key_and_grant_exactly_its_tokens",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_ENV, format!("{prefix}|{start_ms}"))
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut total = 0;
+    let mut per_child = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "child failed: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let n: u64 = text
+            .lines()
+            .find_map(|l| l.split_once("GRANTED ").map(|(_, n)| n))
+            .unwrap_or_else(|| panic!("child printed no count: {text}"))
+            .trim()
+            .parse()
+            .unwrap();
+        per_child.push(n);
+        total += n;
+    }
+    println!("granted per process: {per_child:?}");
+    assert_eq!(total, 5_000, "per process: {per_child:?}");
+    assert_eq!(rt.block_on(bucket.available_tokens()).unwrap(), 0);
+}
+
+#[test]
+fn sixteen_clients_create_the_same_absent_key_at_once() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let prefix = unique_prefix("create");
+    rt.block_on(async {
+        let barrier = Arc::new(tokio::sync::Barrier::new(16));
+        let mut tasks = Vec::new();
+        for _ in 0..16 {
+            // 16 separate clients: each has its own connection.
+            let manager = ProxyManager::configure(backend().await)
+                .key_prefix(prefix.as_str())
+                .build()
+                .unwrap();
+            let barrier = barrier.clone();
+            tasks.push(tokio::spawn(async move {
+                let b = manager
+                    .builder()
+                    .build("new", || simple(100, Duration::from_secs(1_000_000)))
+                    .unwrap();
+                barrier.wait().await;
+                b.try_consume(1).await.unwrap()
+            }));
+        }
+        for t in tasks {
+            assert!(t.await.unwrap());
+        }
+        let manager = ProxyManager::configure(backend().await)
+            .key_prefix(prefix.as_str())
+            .build()
+            .unwrap();
+        let b = manager
+            .builder()
+            .build("new", || simple(100, Duration::from_secs(1_000_000)))
+            .unwrap();
+        assert_eq!(b.available_tokens().await.unwrap(), 84);
+    });
+}
+
+#[test]
+fn script_flush_mid_run_is_invisible_to_callers() {
+    let rt = runtime();
+    rt.block_on(async {
+        let backend = backend().await;
+        let mut raw = raw().await;
+        let manager = ProxyManager::configure(backend.clone())
+            .key_prefix(unique_prefix("flush").as_str())
+            .build()
+            .unwrap();
+        let b = manager
+            .builder()
+            .build("k", || simple(1_000, Duration::from_secs(1_000_000)))
+            .unwrap();
+        let mut granted = 0;
+        for i in 0..300 {
+            if i % 50 == 25 {
+                let _: () = redis::cmd("SCRIPT")
+                    .arg("FLUSH")
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+            }
+            if b.try_consume(1).await.unwrap() {
+                granted += 1;
+            }
+        }
+        assert_eq!(granted, 300);
+        assert_eq!(b.available_tokens().await.unwrap(), 700);
+        assert!(backend.stats().script_reloads >= 6, "{:?}", backend.stats());
+    });
+}
+
+#[test]
+fn keys_expire_when_full_again_plus_the_margin() {
+    let rt = runtime();
+    rt.block_on(async {
+        let mut raw = raw().await;
+        let manager = ProxyManager::configure(backend().await)
+            .key_prefix(unique_prefix("ttl").as_str())
+            .ttl_margin(Duration::from_millis(2_000))
+            .build()
+            .unwrap();
+        // 1 token per second: 3 consumed → full again after 3 s.
+        let b = manager
+            .builder()
+            .build("k", || simple(10, Duration::from_secs(10)))
+            .unwrap();
+        assert!(b.try_consume(3).await.unwrap());
+        let pttl: i64 = raw.pttl(b.key().as_str()).await.unwrap();
+        assert!((4_900..=5_010).contains(&pttl), "PTTL {pttl}");
+        // An exact-path write (replacement) sets the TTL as well.
+        b.replace_configuration(
+            simple(10, Duration::from_secs(100)),
+            bucket4rs_core::TokensInheritanceStrategy::AsIs,
+        )
+        .await
+        .unwrap();
+        let pttl: i64 = raw.pttl(b.key().as_str()).await.unwrap();
+        assert!((31_900..=32_010).contains(&pttl), "PTTL {pttl}");
+    });
+}
+
+#[test]
+fn corrupt_wrong_type_and_future_records_are_typed_errors() {
+    let rt = runtime();
+    rt.block_on(async {
+        let mut raw = raw().await;
+        let manager = ProxyManager::configure(backend().await)
+            .key_prefix(unique_prefix("corrupt").as_str())
+            .build()
+            .unwrap();
+        let b = manager
+            .builder()
+            .build("k", || simple(10, Duration::from_secs(10)))
+            .unwrap();
+        let key = b.key().as_str().to_owned();
+        let _: () = raw.set(&key, "definitely not a bucket").await.unwrap();
+        assert!(matches!(
+            b.try_consume(1).await,
+            Err(DistributedError::Format(FormatError::BadMagic))
+        ));
+        let mut future = format::encode(
+            &simple(10, Duration::from_secs(10)),
+            &BucketState::from_bandwidths(vec![BandwidthState::from_parts(0, 1, 0)]),
+        );
+        future[4] = 7;
+        let _: () = raw.set(&key, future.clone()).await.unwrap();
+        assert!(matches!(
+            b.try_consume(1).await,
+            Err(DistributedError::Format(FormatError::UnsupportedVersion {
+                found: 7,
+                ..
+            }))
+        ));
+        // Unchanged: never misread, never overwritten.
+        let stored: Vec<u8> = raw.get(&key).await.unwrap();
+        assert_eq!(stored, future);
+        let _: () = raw.del(&key).await.unwrap();
+        let _: () = raw.lpush(&key, "x").await.unwrap();
+        match b.try_consume(1).await {
+            Err(DistributedError::Format(FormatError::WrongType { found })) => {
+                assert_eq!(found, "list")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(matches!(
+            b.configuration().await,
+            Err(DistributedError::Format(FormatError::WrongType { .. }))
+        ));
+    });
+}
+
+/// A redis-server of our own on a free loopback port (never the shared one), with an
+/// append-only file fsynced on every write so a restart keeps every acknowledged write.
+struct OwnRedis {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl OwnRedis {
+    fn start(port: Option<u16>, dir: Option<std::path::PathBuf>) -> Self {
+        let port = port.unwrap_or_else(|| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        });
+        let dir = dir.unwrap_or_else(|| {
+            let d = std::env::temp_dir().join(unique_prefix("redis-data"));
+            std::fs::create_dir_all(&d).unwrap();
+            d
+        });
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed for the outage test");
+        let me = Self {
+            port,
+            dir,
+            child: Some(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "own redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        me
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[test]
+fn redis_outage_errors_within_the_timeout_and_resumes_without_granting_twice() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut server = OwnRedis::start(None, None);
+    let timeout = Duration::from_millis(300);
+    rt.block_on(async {
+        let backend = RedisBackend::connect(
+            &server.url(),
+            RedisOptions::default()
+                .response_timeout(Duration::from_millis(200))
+                .connect_timeout(Duration::from_millis(200)),
+        )
+        .await
+        .unwrap();
+        let manager = ProxyManager::configure(backend)
+            .timeout(timeout)
+            .build()
+            .unwrap();
+        let b = manager
+            .builder()
+            .build("k", || simple(100, Duration::from_secs(1_000_000)))
+            .unwrap();
+        let mut granted = 0;
+        for _ in 0..40 {
+            assert!(b.try_consume(1).await.unwrap());
+            granted += 1;
+        }
+        server.kill();
+        for _ in 0..10 {
+            let t = Instant::now();
+            let r = b.try_consume(1).await;
+            let took = t.elapsed();
+            assert!(r.as_ref().is_err_and(|e| e.is_unavailable()), "{r:?}");
+            assert!(
+                took <= timeout + Duration::from_millis(150),
+                "took {took:?}"
+            );
+        }
+        let restarted = OwnRedis::start(Some(server.port), Some(server.dir.clone()));
+        // Service resumes (the connection manager reconnects), with the state kept.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match b.try_consume(1).await {
+                Ok(true) => {
+                    granted += 1;
+                    break;
+                }
+                Ok(false) => panic!("tokens lost"),
+                Err(_) => assert!(Instant::now() < deadline, "Redis did not come back"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        while b.try_consume(1).await.unwrap() {
+            granted += 1;
+        }
+        assert_eq!(granted, 100, "a token was granted twice or lost");
+        drop(restarted);
+    });
+    let _ = std::fs::remove_dir_all(&server.dir);
+}
+
+#[test]
+fn an_unreachable_redis_is_a_typed_error_within_the_timeout() {
+    let rt = runtime();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let t = Instant::now();
+    let r = rt.block_on(RedisBackend::connect(
+        &format!("redis://127.0.0.1:{port}"),
+        RedisOptions::default().connect_timeout(Duration::from_millis(100)),
+    ));
+    assert!(r.is_err());
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
