@@ -9,39 +9,6 @@ use crate::bucket::{Bucket, BucketSnapshot, LockFreeBucket, SynchronizedBucket, 
 use crate::clock::FastClock;
 use crate::storage::{AnyStorage, NewStorage, SynchronizationStrategy};
 
-/// Something [`BucketBuilder::add_limit`] accepts: a built [`Bandwidth`], or a closure that
-/// configures a [`BandwidthBuilder`].
-///
-/// ```
-/// use bucket4rs_local::{Bandwidth, Bucket};
-/// use std::time::Duration;
-/// let bucket = Bucket::builder()
-///     .add_limit(Bandwidth::simple(10, Duration::from_secs(1))?)                 // prebuilt
-///     .add_limit(|l| l.capacity(100).refill_greedy(100, Duration::from_secs(60))) // closure
-///     .build()?;
-/// assert_eq!(bucket.configuration().bandwidths().len(), 2);
-/// # Ok::<(), bucket4rs_local::ConfigError>(())
-/// ```
-pub trait IntoLimit {
-    /// Builds the bandwidth.
-    ///
-    /// # Errors
-    /// The bandwidth's validation error.
-    fn into_limit(self) -> Result<Bandwidth, ConfigError>;
-}
-
-impl IntoLimit for Bandwidth {
-    fn into_limit(self) -> Result<Bandwidth, ConfigError> {
-        Ok(self)
-    }
-}
-
-impl<F: FnOnce(BandwidthBuilder) -> BandwidthBuilder> IntoLimit for F {
-    fn into_limit(self) -> Result<Bandwidth, ConfigError> {
-        self(Bandwidth::builder()).build()
-    }
-}
-
 /// Builds a [`Bucket`]: limits, clock, listener, then the strategy by the build method.
 ///
 /// ```
@@ -93,21 +60,44 @@ impl BucketBuilder {
 }
 
 impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
-    /// Adds a limit: a [`Bandwidth`] or a closure configuring one. A bad limit makes
+    /// Adds a limit configured by a closure on a [`BandwidthBuilder`]. A bad limit makes
     /// [`build`](Self::build) fail with its error.
     ///
     /// ```
     /// # use bucket4rs_local::{Bucket, ConfigError}; use std::time::Duration;
+    /// let bucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(20).refill_greedy(20, Duration::from_secs(60)))
+    ///     .build()?;
+    /// assert_eq!(bucket.available_tokens(), 20);
     /// let err = Bucket::builder().add_limit(|l| l.capacity(0).refill_greedy(1, Duration::from_secs(1))).build();
     /// assert_eq!(err.unwrap_err(), ConfigError::ZeroCapacity);
+    /// # Ok::<(), ConfigError>(())
     /// ```
-    pub fn add_limit(mut self, limit: impl IntoLimit) -> Self {
-        match limit.into_limit() {
-            Ok(b) => self.limits.push(b),
-            Err(e) => {
-                self.error.get_or_insert(e);
-            }
+    pub fn add_limit(self, limit: impl FnOnce(BandwidthBuilder) -> BandwidthBuilder) -> Self {
+        match limit(Bandwidth::builder()).build() {
+            Ok(b) => self.add_bandwidth(b),
+            Err(e) => self.fail(e),
         }
+    }
+
+    /// Adds a prebuilt limit.
+    ///
+    /// ```
+    /// # use bucket4rs_local::{Bandwidth, Bucket}; use std::time::Duration;
+    /// let bucket = Bucket::builder()
+    ///     .add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?)
+    ///     .add_limit(|l| l.capacity(100).refill_greedy(100, Duration::from_secs(60)))
+    ///     .build()?;
+    /// assert_eq!(bucket.configuration().bandwidths().len(), 2);
+    /// # Ok::<(), bucket4rs_local::ConfigError>(())
+    /// ```
+    pub fn add_bandwidth(mut self, bandwidth: Bandwidth) -> Self {
+        self.limits.push(bandwidth);
+        self
+    }
+
+    fn fail(mut self, error: ConfigError) -> Self {
+        self.error.get_or_insert(error);
         self
     }
 

@@ -40,7 +40,7 @@ mod storage;
 mod verbose;
 
 pub use bucket::{Bucket, BucketSnapshot, LockFreeBucket, SynchronizedBucket, UnsyncBucket};
-pub use builder::{BucketBuilder, IntoLimit};
+pub use builder::BucketBuilder;
 pub use clock::FastClock;
 pub use storage::{
     AnyStorage, LockFree, NewStorage, Storage, SynchronizationStrategy, Synchronized,
