@@ -97,7 +97,7 @@ impl KeyPolicy {
     ///
     /// ```
     /// # use bucket4rs_distributed::KeyPolicy;
-    /// assert!(KeyPolicy::new("p")?.max_len(4).key("ab").is_err());
+    /// assert!(KeyPolicy::new("p")?.max_len(4).key("abc").is_err());
     /// # Ok::<(), bucket4rs_distributed::KeyError>(())
     /// ```
     #[must_use]
