@@ -4,6 +4,8 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::time::Duration;
 
+use strength_reduce::StrengthReducedU64;
+
 use crate::error::ConfigError;
 
 /// How a bandwidth regains tokens.
@@ -64,14 +66,38 @@ impl RefillKind {
 /// assert_eq!(b.id(), Some("burst"));
 /// # Ok::<(), bucket4rs_core::ConfigError>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug)]
 pub struct Bandwidth {
     pub(crate) capacity: i64,
     pub(crate) refill_tokens: i64,
     pub(crate) refill_period: i64,
+    /// `refill_period` as a precomputed reciprocal, for division on the hot path.
+    pub(crate) period_divisor: StrengthReducedU64,
     pub(crate) kind: RefillKind,
     pub(crate) initial_tokens: Option<i64>,
     pub(crate) id: Option<Arc<str>>,
+}
+
+impl Bandwidth {
+    fn key(&self) -> (i64, i64, i64, RefillKind, Option<i64>, Option<&str>) {
+        let (c, t, p) = (self.capacity, self.refill_tokens, self.refill_period);
+        (c, t, p, self.kind, self.initial_tokens, self.id.as_deref())
+    }
+}
+
+// The divisor is derived from `refill_period`, so it takes no part in equality or hashing.
+impl PartialEq for Bandwidth {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Bandwidth {}
+
+impl core::hash::Hash for Bandwidth {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
 }
 
 impl Bandwidth {
@@ -421,6 +447,8 @@ impl BandwidthBuilder {
             capacity,
             refill_tokens,
             refill_period,
+            // refill_period >= 1 was checked above, so the reciprocal exists.
+            period_divisor: StrengthReducedU64::new(refill_period as u64),
             kind,
             initial_tokens,
             id: self.id,

@@ -4,6 +4,8 @@
 //! returns without panicking or overflowing. Intermediates are `i128`; results are saturated or
 //! clamped into `i64` only at the end.
 
+use strength_reduce::StrengthReducedU64;
+
 use crate::config::{Bandwidth, RefillKind};
 use crate::state::BandwidthState;
 
@@ -65,24 +67,27 @@ pub(crate) fn fresh(b: &Bandwidth, t0: i64) -> BandwidthState {
 }
 
 /// Refills `st` to clock reading `t` (section 4.1).
+///
+/// The common case runs in 64-bit arithmetic only: a difference `b - a` of two `i64` values
+/// with `a < b` always fits in `u64`, and `wrapping_sub`/`wrapping_add` compute it exactly.
 #[inline]
 pub(crate) fn refill(b: &Bandwidth, st: BandwidthState, t: i64) -> BandwidthState {
     let l = st.last_refill;
     if t <= l {
         return st;
     }
-    // t > l, so the difference fits in u64.
-    let elapsed = (t as i128 - l as i128) as u64;
+    // t > l: the exact difference is in (0, 2^64).
+    let elapsed = t.wrapping_sub(l) as u64;
     let d = if b.kind.is_interval() {
-        elapsed - elapsed % b.refill_period as u64
+        elapsed - StrengthReducedU64::div_rem(elapsed, b.period_divisor).1
     } else {
         elapsed
     };
     if d == 0 {
         return st;
     }
-    // l + d <= t, so it fits in i64.
-    let last_refill = (l as i128 + d as i128) as i64;
+    // l < l + d <= t: the sum fits in i64, and wrapping_add computes it exactly.
+    let last_refill = l.wrapping_add(d as i64);
     let (s, e) = (st.tokens, st.remainder);
     if s >= b.capacity {
         return BandwidthState {
@@ -91,37 +96,49 @@ pub(crate) fn refill(b: &Bandwidth, st: BandwidthState, t: i64) -> BandwidthStat
             remainder: e,
         };
     }
-    let p = b.refill_period;
-    // Fast path: the whole computation fits in u64 (the usual case).
+    // s < C: the exact headroom C - s is in (0, 2^64).
+    let headroom = b.capacity.wrapping_sub(s) as u64;
+    // Fast path: T * d + e fits in u64 (the usual case).
     if e >= 0 {
         if let Some(v) = (b.refill_tokens as u64)
             .checked_mul(d)
             .and_then(|x| x.checked_add(e as u64))
         {
-            let add = v / p as u64;
-            let rem = (v % p as u64) as i64;
-            // s < C <= MAX and add <= u64::MAX: compare in i128.
-            return if s as i128 + add as i128 >= b.capacity as i128 {
+            let (add, rem) = StrengthReducedU64::div_rem(v, b.period_divisor);
+            return if add >= headroom {
                 BandwidthState {
                     last_refill,
                     tokens: b.capacity,
                     remainder: 0,
                 }
             } else {
-                // The sum is below C, but `add` alone may exceed i64::MAX when s is very
-                // negative (e.g. MIN after a PROPORTIONALLY replacement): add in i128.
+                // s + add < C: the sum fits, and wrapping_add computes it exactly.
                 BandwidthState {
                     last_refill,
-                    tokens: (s as i128 + add as i128) as i64,
-                    remainder: rem,
+                    tokens: s.wrapping_add(add as i64),
+                    remainder: rem as i64,
                 }
             };
         }
     }
+    refill_wide(b, last_refill, s, e, d, headroom)
+}
+
+/// The rare case of [`refill`] whose product `T * d + e` needs more than 64 bits.
+#[cold]
+fn refill_wide(
+    b: &Bandwidth,
+    last_refill: i64,
+    s: i64,
+    e: i64,
+    d: u64,
+    headroom: u64,
+) -> BandwidthState {
+    let p = b.refill_period as i128;
     // T * d < 2^127 - 2^64 and |e| < 2^63: no i128 overflow.
     let v = b.refill_tokens as i128 * d as i128 + e as i128;
-    let add = v.div_euclid(p as i128);
-    if s as i128 + add >= b.capacity as i128 {
+    let add = v.div_euclid(p);
+    if add >= headroom as i128 {
         BandwidthState {
             last_refill,
             tokens: b.capacity,
@@ -133,7 +150,7 @@ pub(crate) fn refill(b: &Bandwidth, st: BandwidthState, t: i64) -> BandwidthStat
         BandwidthState {
             last_refill,
             tokens,
-            remainder: v.rem_euclid(p as i128) as i64,
+            remainder: v.rem_euclid(p) as i64,
         }
     }
 }

@@ -31,7 +31,7 @@ use crate::state::BandwidthState;
 
 /// How many refilled bandwidth states are cached on the stack; beyond this they are recomputed
 /// on each access (still without allocating).
-const INLINE: usize = 4;
+const INLINE: usize = 2;
 
 /// A read-only view of a bucket's state, refilled to `now`, that operations plan on.
 #[derive(Debug)]
@@ -296,6 +296,117 @@ pub trait Operation {
     fn notify<L: BucketListener + ?Sized>(&self, _output: &Self::Output, _listener: &L) {}
 }
 
+/// An operation's decision, made on a refilled view and not yet written anywhere.
+///
+/// Produced by [`plan`]; [`Plan::write`] hands out the new bandwidth states when the operation
+/// changes the state. Local lock-free buckets use it to decide before claiming a slot.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let state = BucketState::new(&config, 0);
+/// let plan = ops::plan(&ops::TryConsume(4), &config, 0, |i| state.bandwidths()[i])?;
+/// assert!(plan.changes());
+/// let mut tokens = 0;
+/// plan.write(|_, s| tokens = s.tokens());
+/// assert_eq!(tokens, 6);
+/// assert!(plan.into_output());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Plan<'a, R, T> {
+    view: Refilled<'a, R>,
+    output: T,
+    mutation: Option<Mutation>,
+}
+
+impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
+    /// Whether the operation changes the state.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let state = BucketState::new(&config, 0);
+    /// assert!(!ops::plan(&ops::AvailableTokens, &config, 0, |i| state.bandwidths()[i])?.changes());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn changes(&self) -> bool {
+        self.mutation.is_some()
+    }
+
+    /// Passes every bandwidth's new state to `write` (nothing when the state is unchanged).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let state = BucketState::new(&config, 0);
+    /// let mut calls = 0;
+    /// ops::plan(&ops::Reset, &config, 0, |i| state.bandwidths()[i])?.write(|_, _| calls += 1);
+    /// assert_eq!(calls, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn write(&self, mut write: impl FnMut(usize, BandwidthState)) {
+        if let Some(m) = self.mutation {
+            for (i, b) in self.view.config.bandwidths().iter().enumerate() {
+                write(i, m.apply(b, self.view.get(i)));
+            }
+        }
+    }
+
+    /// The operation's output.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let state = BucketState::new(&config, 0);
+    /// assert_eq!(ops::plan(&ops::AvailableTokens, &config, 0, |i| state.bandwidths()[i])?.into_output(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn into_output(self) -> T {
+        self.output
+    }
+}
+
+/// Plans `op` on the state read through `read`, refilled to `now`, without writing anything.
+///
+/// # Errors
+/// The operation's [`OperationError`].
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let state = BucketState::new(&config, 0);
+/// assert!(ops::plan(&ops::TryConsume(0), &config, 0, |i| state.bandwidths()[i]).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[inline]
+pub fn plan<'a, O, R>(
+    op: &O,
+    config: &'a BucketConfiguration,
+    now: i64,
+    read: R,
+) -> Result<Plan<'a, R, O::Output>, OperationError>
+where
+    O: Operation + ?Sized,
+    R: Fn(usize) -> BandwidthState,
+{
+    let view = Refilled::new(config, now, read);
+    let (output, mutation) = op.plan(&view)?;
+    Ok(Plan {
+        view,
+        output,
+        mutation,
+    })
+}
+
 /// Runs `op` on the state read through `read` at clock reading `now`; when the state changes,
 /// every bandwidth's new state is passed to `write` (after all reads).
 ///
@@ -319,21 +430,16 @@ pub fn execute<O, R, W>(
     config: &BucketConfiguration,
     now: i64,
     read: R,
-    mut write: W,
+    write: W,
 ) -> Result<O::Output, OperationError>
 where
     O: Operation + ?Sized,
     R: Fn(usize) -> BandwidthState,
     W: FnMut(usize, BandwidthState),
 {
-    let view = Refilled::new(config, now, read);
-    let (output, mutation) = op.plan(&view)?;
-    if let Some(m) = mutation {
-        for (i, b) in config.bandwidths().iter().enumerate() {
-            write(i, m.apply(b, view.get(i)));
-        }
-    }
-    Ok(output)
+    let plan = plan(op, config, now, read)?;
+    plan.write(write);
+    Ok(plan.into_output())
 }
 
 fn check_tokens(n: u64) -> Result<u64, OperationError> {

@@ -459,6 +459,39 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
             listener,
         }
     }
+
+    /// A view sharing this bucket's state that notifies this bucket's listener *and then*
+    /// `listener` (composition; compare [`to_listenable`](Self::to_listenable), which
+    /// replaces). The views can nest: `bucket.and_listener(a).and_listener(b)`.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// use bucket4rs_core::BucketListener;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    ///
+    /// #[derive(Default)]
+    /// struct Consumed(AtomicU64);
+    /// impl BucketListener for Consumed {
+    ///     fn on_consumed(&self, n: u64) { self.0.fetch_add(n, Ordering::Relaxed); }
+    /// }
+    /// let (first, second) = (Consumed::default(), Consumed::default());
+    /// let bucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(5)))
+    ///     .with_listener(&first)
+    ///     .build()?;
+    /// bucket.and_listener(&second).try_consume(2)?;
+    /// assert_eq!(first.0.load(Ordering::Relaxed), 2); // kept
+    /// assert_eq!(second.0.load(Ordering::Relaxed), 2); // added
+    /// assert_eq!(bucket.available_tokens(), 3); // same state
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn and_listener<L2: BucketListener>(&self, listener: L2) -> Bucket<&S, &C, (&L, L2)> {
+        Bucket {
+            storage: &self.storage,
+            clock: &self.clock,
+            listener: (&self.listener, listener),
+        }
+    }
 }
 
 /// A bucket's configuration and state, for persisting and restoring (serde with the `serde`

@@ -51,6 +51,8 @@ const FAST: usize = 2;
 #[cfg(bucket4rs_loom)]
 const FAST: usize = 4;
 
+/// A slot allocated on demand (under contention, or for a configuration with more bandwidths
+/// than the inline slots have room for).
 #[derive(Debug)]
 struct Slot {
     busy: AtomicBool,
@@ -61,28 +63,53 @@ impl Slot {
     fn new(stride: usize, busy: bool) -> Self {
         Self {
             busy: AtomicBool::new(busy),
-            words: (0..stride).map(|_| AtomicI64::new(0)).collect(),
+            words: words(stride),
+        }
+    }
+}
+
+fn words(n: usize) -> Box<[AtomicI64]> {
+    (0..n).map(|_| AtomicI64::new(0)).collect()
+}
+
+/// A view of one slot: its busy flag and its words.
+#[derive(Clone, Copy)]
+struct SlotRef<'a> {
+    busy: &'a AtomicBool,
+    words: &'a [AtomicI64],
+}
+
+impl SlotRef<'_> {
+    #[inline]
+    fn config_index(self) -> i64 {
+        self.words.first().map_or(-1, |w| w.load(Ordering::Relaxed))
+    }
+
+    #[inline]
+    fn read(self, i: usize) -> BandwidthState {
+        match self.words.get(1 + 3 * i..4 + 3 * i) {
+            Some(w) => BandwidthState::from_parts(
+                w[0].load(Ordering::Relaxed),
+                w[1].load(Ordering::Relaxed),
+                w[2].load(Ordering::Relaxed),
+            ),
+            None => BandwidthState::default(),
         }
     }
 
     #[inline]
-    fn word(&self, j: usize) -> i64 {
-        self.words.get(j).map_or(0, |w| w.load(Ordering::Relaxed))
-    }
-
-    #[inline]
-    fn read(&self, i: usize) -> BandwidthState {
-        let b = 1 + 3 * i;
-        BandwidthState::from_parts(self.word(b), self.word(b + 1), self.word(b + 2))
-    }
-
-    #[inline]
-    fn write(&self, i: usize, s: BandwidthState) {
-        let b = 1 + 3 * i;
-        if let Some(w) = self.words.get(b..b + 3) {
+    fn write(self, i: usize, s: BandwidthState) {
+        if let Some(w) = self.words.get(1 + 3 * i..4 + 3 * i) {
             w[0].store(s.last_refill_nanos(), Ordering::Relaxed);
             w[1].store(s.tokens(), Ordering::Relaxed);
             w[2].store(s.remainder(), Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
+    fn set_config_index(self, index: i64) {
+        if let Some(w) = self.words.first() {
+            w.store(index, Ordering::Relaxed);
         }
     }
 }
@@ -121,7 +148,11 @@ struct Overflow {
 #[derive(Debug)]
 pub struct LockFree {
     current: AtomicU64,
-    fast: [Slot; FAST],
+    /// Words per inline slot.
+    stride: usize,
+    /// The inline slots' words, `FAST * stride` of them, contiguous.
+    fast_words: Box<[AtomicI64]>,
+    fast_busy: [AtomicBool; FAST],
     first_config: BucketConfiguration,
     overflow: OnceLock<Box<Overflow>>,
     retries: AtomicU64,
@@ -129,18 +160,22 @@ pub struct LockFree {
 
 impl NewStorage for LockFree {
     fn new(config: BucketConfiguration, state: BucketState) -> Self {
-        let n = stride(&config);
-        let fast: [Slot; FAST] = core::array::from_fn(|i| Slot::new(n, i == 0));
-        for (i, s) in state.bandwidths().iter().enumerate() {
-            fast[0].write(i, *s);
-        }
-        Self {
+        let stride = stride(&config);
+        let storage = Self {
             current: AtomicU64::new(0),
-            fast,
+            stride,
+            fast_words: words(FAST * stride),
+            fast_busy: core::array::from_fn(|i| AtomicBool::new(i == 0)),
             first_config: config,
             overflow: OnceLock::new(),
             retries: AtomicU64::new(0),
+        };
+        if let Some(slot) = storage.slot(0) {
+            for (i, s) in state.bandwidths().iter().enumerate() {
+                slot.write(i, *s);
+            }
         }
+        storage
     }
 }
 
@@ -178,12 +213,25 @@ impl LockFree {
     }
 
     #[inline]
-    fn slot(&self, index: usize) -> Option<&Slot> {
+    fn slot(&self, index: usize) -> Option<SlotRef<'_>> {
         if index < FAST {
-            self.fast.get(index)
+            let start = index * self.stride;
+            Some(SlotRef {
+                busy: &self.fast_busy[index],
+                words: self.fast_words.get(start..start + self.stride)?,
+            })
         } else {
-            self.overflow.get()?.slots.get(index - FAST)
+            self.overflow_slot(index)
         }
+    }
+
+    #[cold]
+    fn overflow_slot(&self, index: usize) -> Option<SlotRef<'_>> {
+        let s = self.overflow.get()?.slots.get(index - FAST)?;
+        Some(SlotRef {
+            busy: &s.busy,
+            words: &s.words,
+        })
     }
 
     #[inline]
@@ -191,11 +239,16 @@ impl LockFree {
         if index == 0 {
             Some(&self.first_config)
         } else {
-            self.overflow
-                .get()?
-                .configs
-                .get(usize::try_from(index - 1).ok()?)
+            self.interned(index)
         }
+    }
+
+    #[cold]
+    fn interned(&self, index: i64) -> Option<&BucketConfiguration> {
+        self.overflow
+            .get()?
+            .configs
+            .get(usize::try_from(index - 1).ok()?)
     }
 
     fn overflow(&self) -> &Overflow {
@@ -214,9 +267,30 @@ impl LockFree {
         table.push(config.clone()) as i64 + 1
     }
 
-    /// Claims a free slot with room for `needed` words.
-    fn claim(&self, needed: usize) -> usize {
-        let try_take = |s: &Slot| {
+    /// Claims a free slot with room for `needed` words, trying first the inline slot after
+    /// `current` (the only candidate on one thread).
+    #[inline]
+    fn claim(&self, current: usize, needed: usize) -> usize {
+        if needed <= self.stride {
+            for k in 1..=FAST {
+                let i = (current + k) % FAST;
+                let busy = &self.fast_busy[i];
+                if !busy.load(Ordering::Relaxed)
+                    && busy
+                        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    return i;
+                }
+            }
+        }
+        self.claim_overflow(needed)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn claim_overflow(&self, needed: usize) -> usize {
+        let take = |s: &Slot| {
             s.words.len() >= needed
                 && !s.busy.load(Ordering::Relaxed)
                 && s.busy
@@ -224,11 +298,8 @@ impl LockFree {
                     .is_ok()
         };
         loop {
-            if let Some(i) = self.fast.iter().position(try_take) {
-                return i;
-            }
             let overflow = self.overflow();
-            if let Some((i, _)) = overflow.slots.iter().find(|(_, s)| try_take(s)) {
+            if let Some((i, _)) = overflow.slots.iter().find(|(_, s)| take(s)) {
                 return FAST + i;
             }
             if FAST + overflow.slots.count() < MAX_SLOTS {
@@ -236,32 +307,6 @@ impl LockFree {
             }
             // 65536 operations are mid-flight on this bucket: wait for one to finish.
             std::thread::yield_now();
-        }
-    }
-
-    #[inline]
-    fn release(&self, index: usize) {
-        if let Some(s) = self.slot(index) {
-            s.busy.store(false, Ordering::Release);
-        }
-    }
-
-    /// Publishes the claimed slot `spare` over `cur`. On success the old slot is released.
-    #[inline]
-    fn publish(&self, cur: u64, spare: usize) -> bool {
-        let next = (((cur >> INDEX_BITS).wrapping_add(1)) << INDEX_BITS) | spare as u64;
-        match self
-            .current
-            .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed)
-        {
-            Ok(_) => {
-                self.release((cur & INDEX_MASK) as usize);
-                true
-            }
-            Err(_) => {
-                self.retries.fetch_add(1, Ordering::Relaxed);
-                false
-            }
         }
     }
 
@@ -273,69 +318,93 @@ impl LockFree {
     }
 
     /// Makes sure `spare` holds a claimed slot with room for `needed` words; returns it.
-    fn ensure_spare(&self, spare: &mut Option<usize>, needed: usize) -> usize {
-        if let Some(i) = *spare {
-            if self.slot(i).is_some_and(|s| s.words.len() >= needed) {
-                return i;
+    #[inline]
+    fn ensure_spare<'a>(
+        &'a self,
+        spare: &mut Option<(usize, SlotRef<'a>)>,
+        current: usize,
+        needed: usize,
+    ) -> Option<(usize, SlotRef<'a>)> {
+        if let Some((i, s)) = *spare {
+            if s.words.len() >= needed {
+                return Some((i, s));
             }
-            self.release(i);
+            s.busy.store(false, Ordering::Release);
+            *spare = None;
         }
-        let i = self.claim(needed);
+        let i = self.claim(current, needed);
+        let s = self.slot(i)?;
         // Pairs with the acquire fence of readers that see our writes to a recycled slot.
         fence(Ordering::Release);
-        *spare = Some(i);
-        i
+        *spare = Some((i, s));
+        Some((i, s))
     }
 
+    /// Loads `current` and the slot and configuration it names.
+    #[inline]
+    fn load(&self) -> Option<(u64, SlotRef<'_>, i64, &BucketConfiguration)> {
+        let cur = self.current.load(Ordering::Acquire);
+        let slot = self.slot((cur & INDEX_MASK) as usize)?;
+        let index = slot.config_index();
+        Some((cur, slot, index, self.config(index)?))
+    }
+
+    /// Publishes `spare` (already written) over `cur`, whose slot is `old`.
+    #[inline]
+    fn publish(&self, cur: u64, old: SlotRef<'_>, spare: usize) -> bool {
+        fence(Ordering::Acquire);
+        let next = (((cur >> INDEX_BITS).wrapping_add(1)) << INDEX_BITS) | spare as u64;
+        match self
+            .current
+            .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+        {
+            Ok(_) => {
+                old.busy.store(false, Ordering::Release);
+                true
+            }
+            Err(_) => {
+                self.retries.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    #[inline]
     fn run<O: Operation, T>(
         &self,
         op: &O,
         now: i64,
         finish: impl Fn(&BucketConfiguration) -> T,
     ) -> Result<(O::Output, T), OperationError> {
-        let mut spare: Option<usize> = None;
+        let mut spare: Option<(usize, SlotRef<'_>)> = None;
         let result = loop {
-            let cur = self.current.load(Ordering::Acquire);
-            let Some(slot) = self.slot((cur & INDEX_MASK) as usize) else {
+            let Some((cur, slot, config_index, config)) = self.load() else {
                 continue;
             };
-            let config_index = slot.word(0);
-            let Some(config) = self.config(config_index) else {
-                continue;
-            };
-            let mut target: Option<&Slot> = None;
-            let res = ops::execute(
-                op,
-                config,
-                now,
-                |i| slot.read(i),
-                |i, s| {
-                    let t = *target.get_or_insert_with(|| {
-                        let idx = self.ensure_spare(&mut spare, stride(config));
-                        let t = self.slot(idx).unwrap_or(&self.fast[0]);
-                        t.words[0].store(config_index, Ordering::Relaxed);
-                        t
-                    });
-                    t.write(i, s);
-                },
-            );
-            match (target.is_some(), spare) {
-                (true, Some(s)) => {
-                    fence(Ordering::Acquire);
-                    if self.publish(cur, s) {
+            match ops::plan(op, config, now, |i| slot.read(i)) {
+                Ok(plan) if plan.changes() => {
+                    let current = (cur & INDEX_MASK) as usize;
+                    let Some((idx, target)) =
+                        self.ensure_spare(&mut spare, current, stride(config))
+                    else {
+                        continue;
+                    };
+                    target.set_config_index(config_index);
+                    plan.write(|i, s| target.write(i, s));
+                    if self.publish(cur, slot, idx) {
                         spare = None;
-                        break res.map(|o| (o, finish(config)));
+                        break Ok((plan.into_output(), finish(config)));
                     }
                 }
-                _ => {
+                other => {
                     if self.still(cur) {
-                        break res.map(|o| (o, finish(config)));
+                        break other.map(|p| (p.into_output(), finish(config)));
                     }
                 }
             }
         };
-        if let Some(s) = spare {
-            self.release(s);
+        if let Some((_, s)) = spare {
+            s.busy.store(false, Ordering::Release);
         }
         result
     }
@@ -359,13 +428,9 @@ impl Storage for LockFree {
     where
         F: Fn(&BucketConfiguration, &dyn Fn(usize) -> BandwidthState) -> Replacement,
     {
-        let mut spare: Option<usize> = None;
+        let mut spare: Option<(usize, SlotRef<'_>)> = None;
         let result = loop {
-            let cur = self.current.load(Ordering::Acquire);
-            let Some(slot) = self.slot((cur & INDEX_MASK) as usize) else {
-                continue;
-            };
-            let Some(config) = self.config(slot.word(0)) else {
+            let Some((cur, slot, _, config)) = self.load() else {
                 continue;
             };
             match f(config, &|i| slot.read(i)) {
@@ -376,33 +441,32 @@ impl Storage for LockFree {
                 }
                 Ok((new_config, new_state)) => {
                     let index = self.intern(&new_config);
-                    let s = self.ensure_spare(&mut spare, stride(&new_config));
-                    let target = self.slot(s).unwrap_or(&self.fast[0]);
-                    target.words[0].store(index, Ordering::Relaxed);
+                    let current = (cur & INDEX_MASK) as usize;
+                    let Some((s, target)) =
+                        self.ensure_spare(&mut spare, current, stride(&new_config))
+                    else {
+                        continue;
+                    };
+                    target.set_config_index(index);
                     for (i, st) in new_state.bandwidths().iter().enumerate() {
                         target.write(i, *st);
                     }
-                    fence(Ordering::Acquire);
-                    if self.publish(cur, s) {
+                    if self.publish(cur, slot, s) {
                         spare = None;
                         break Ok(());
                     }
                 }
             }
         };
-        if let Some(s) = spare {
-            self.release(s);
+        if let Some((_, s)) = spare {
+            s.busy.store(false, Ordering::Release);
         }
         result
     }
 
     fn snapshot(&self) -> (BucketConfiguration, BucketState) {
         loop {
-            let cur = self.current.load(Ordering::Acquire);
-            let Some(slot) = self.slot((cur & INDEX_MASK) as usize) else {
-                continue;
-            };
-            let Some(config) = self.config(slot.word(0)) else {
+            let Some((cur, slot, _, config)) = self.load() else {
                 continue;
             };
             let list = (0..config.bandwidths().len())
