@@ -109,7 +109,6 @@ pub(crate) fn loom(sh: &Shell) -> Result<()> {
         Ok(flags) if !flags.trim().is_empty() => format!("{flags} --cfg bucket4rs_loom"),
         _ => "--cfg bucket4rs_loom".to_owned(),
     };
-    let preemptions = std::env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| "3".to_owned());
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| project_root().join("target"), Into::into)
         .join("loom");
@@ -117,8 +116,9 @@ pub(crate) fn loom(sh: &Shell) -> Result<()> {
         sh,
         "cargo test -p bucket4rs-local --release --test loom --target-dir {target_dir}"
     )
+    // Each model sets its own preemption bound (3 for two threads, 2 for three); an explicit
+    // LOOM_MAX_PREEMPTIONS in the environment overrides them all for a deeper search.
     .env("RUSTFLAGS", rustflags)
-    .env("LOOM_MAX_PREEMPTIONS", preemptions)
     .run()?;
     Ok(())
 }

@@ -12,6 +12,16 @@ use bucket4rs_local::{
 };
 use loom::thread;
 
+/// Runs `f` under loom with at most `preemptions` forced preemptions per execution (an explicit
+/// `LOOM_MAX_PREEMPTIONS` overrides it, e.g. for a deeper search).
+fn model(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_none() {
+        builder.preemption_bound = Some(preemptions);
+    }
+    builder.check(f);
+}
+
 fn bucket(capacity: u64, initial: u64) -> Arc<LockFreeBucket<ManualClock>> {
     Arc::new(
         Bucket::builder()
@@ -29,7 +39,7 @@ fn bucket(capacity: u64, initial: u64) -> Arc<LockFreeBucket<ManualClock>> {
 
 #[test]
 fn consume_consume_never_oversells() {
-    loom::model(|| {
+    model(3, || {
         let b = bucket(10, 3);
         let handles: Vec<_> = (0..2)
             .map(|_| {
@@ -49,7 +59,7 @@ fn consume_consume_never_oversells() {
 
 #[test]
 fn three_consumers_take_exactly_the_balance() {
-    loom::model(|| {
+    model(2, || {
         let b = bucket(10, 2);
         let handles: Vec<_> = (0..3)
             .map(|_| {
@@ -69,7 +79,7 @@ fn three_consumers_take_exactly_the_balance() {
 
 #[test]
 fn consume_and_add_are_both_applied() {
-    loom::model(|| {
+    model(3, || {
         let b = bucket(100, 1);
         let adder = {
             let b = b.clone();
@@ -88,7 +98,7 @@ fn consume_and_add_are_both_applied() {
 
 #[test]
 fn consume_and_reset_serialize() {
-    loom::model(|| {
+    model(3, || {
         let b = bucket(4, 1);
         let resetter = {
             let b = b.clone();
@@ -108,7 +118,7 @@ fn consume_and_reset_serialize() {
 
 #[test]
 fn consume_and_replace_keep_the_balance() {
-    loom::model(|| {
+    model(3, || {
         let b = bucket(10, 5);
         let bigger = BucketConfiguration::builder()
             .add_limit(
