@@ -1,0 +1,269 @@
+//! The async view of a bucket.
+
+use core::time::Duration;
+
+use bucket4rs_core::{BucketListener, Clock, OperationError};
+use bucket4rs_local::{Bucket, Storage};
+
+use crate::sleep::Sleeper;
+
+/// An async view of a bucket: calls await their tokens without blocking the executor. Cheap
+/// to make (a reference and a sleeper); get it with
+/// [`with_sleeper`](AsyncBucketExt::with_sleeper), `as_async` (feature `tokio`) or
+/// [`AsyncBucket::new`].
+///
+/// ```
+/// use bucket4rs_async::AsyncBucketExt;
+/// use bucket4rs_local::Bucket;
+/// use std::time::Duration;
+///
+/// #[tokio::main(flavor = "current_thread")]
+/// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+///     let bucket = Bucket::builder()
+///         .add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_millis(10)))
+///         .build()?;
+///     let view = bucket.with_sleeper(tokio::time::sleep);
+///     view.consume(3).await?; // 2 now, 1 after 5 ms
+///     assert!(!view.try_consume(2, Duration::from_millis(1)).await?);
+///     Ok(())
+/// }
+/// ```
+#[derive(Debug)]
+pub struct AsyncBucket<'a, B: ?Sized, Z> {
+    bucket: &'a B,
+    sleeper: Z,
+}
+
+impl<B: ?Sized, Z: Clone> Clone for AsyncBucket<'_, B, Z> {
+    fn clone(&self) -> Self {
+        Self {
+            bucket: self.bucket,
+            sleeper: self.sleeper.clone(),
+        }
+    }
+}
+
+impl<'a, B: ?Sized, Z> AsyncBucket<'a, B, Z> {
+    /// The async view of `bucket`, waiting with `sleeper`.
+    ///
+    /// ```
+    /// use bucket4rs_async::AsyncBucket;
+    /// use bucket4rs_local::Bucket;
+    /// use std::time::Duration;
+    ///
+    /// #[tokio::main(flavor = "current_thread")]
+    /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    ///     let bucket = Bucket::builder().add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1))).build()?;
+    ///     AsyncBucket::new(&bucket, tokio::time::sleep).consume(1).await?;
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn new(bucket: &'a B, sleeper: Z) -> Self {
+        Self { bucket, sleeper }
+    }
+
+    /// The bucket behind the view, for its non-waiting API.
+    ///
+    /// ```
+    /// use bucket4rs_async::AsyncBucketExt;
+    /// use bucket4rs_local::Bucket;
+    /// use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(3).refill_greedy(3, Duration::from_secs(1))).build()?;
+    /// assert_eq!(bucket.with_sleeper(tokio::time::sleep).bucket().available_tokens(), 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bucket(&self) -> &'a B {
+        self.bucket
+    }
+
+    /// The sleeper.
+    ///
+    /// ```
+    /// use bucket4rs_async::{AsyncBucketExt, Sleeper};
+    /// use bucket4rs_local::Bucket;
+    /// use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(3).refill_greedy(3, Duration::from_secs(1))).build()?;
+    /// let view = bucket.with_sleeper(|_: Duration| std::future::ready(()));
+    /// let _ready = view.sleeper().sleep(Duration::from_secs(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sleeper(&self) -> &Z {
+        &self.sleeper
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Gives reserved tokens back unless disarmed: lives across the `.await`, so dropping the
+/// future mid-wait runs it.
+struct Refund<'a, S: Storage, C: Clock, L: BucketListener> {
+    bucket: &'a Bucket<S, C, L>,
+    tokens: u64,
+    armed: bool,
+}
+
+impl<S: Storage, C: Clock, L: BucketListener> Drop for Refund<'_, S, C, L> {
+    fn drop(&mut self) {
+        if self.armed {
+            // `tokens` is at least 1 (the reservation succeeded), so this cannot fail.
+            let _ = self.bucket.add_tokens(self.tokens);
+            self.bucket.listener().on_interrupted();
+        }
+    }
+}
+
+impl<S: Storage, C: Clock, L: BucketListener, Z: Sleeper> AsyncBucket<'_, Bucket<S, C, L>, Z> {
+    /// Consumes `tokens`, waiting (asynchronously) as long as needed; `tokens` may exceed the
+    /// capacity, the debt being paid by waiting.
+    ///
+    /// The future is lazy: it reserves the tokens when first polled (so callers queue in the
+    /// order they are first polled) and then sleeps for the reservation's wait. Listener:
+    /// `on_consumed(tokens)`, then `on_delayed(nanos)` when it must wait.
+    ///
+    /// **Cancellation safe.** Dropping the future after it reserved and before it completed
+    /// gives all the reserved tokens back with `add_tokens` (never above capacity) and the
+    /// listener hears `on_interrupted()`. Dropping it before its first poll changes nothing.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`], or [`OperationError::WaitTooLong`] when the wait would
+    /// not fit below `i64::MAX` nanoseconds; nothing is consumed then.
+    ///
+    /// ```
+    /// use bucket4rs_async::AsyncBucketExt;
+    /// use bucket4rs_local::Bucket;
+    /// use std::time::{Duration, Instant};
+    ///
+    /// #[tokio::main(flavor = "current_thread")]
+    /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    ///     let bucket = Bucket::builder()
+    ///         .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_millis(100)))
+    ///         .build()?;
+    ///     let start = Instant::now();
+    ///     bucket.with_sleeper(tokio::time::sleep).consume(12).await?; // 2 tokens take 20 ms
+    ///     assert!(start.elapsed() >= Duration::from_millis(19));
+    ///     Ok(())
+    /// }
+    /// ```
+    pub async fn consume(&self, tokens: u64) -> Result<(), OperationError> {
+        let wait = self.bucket.consume_ignoring_rate_limits(tokens)?;
+        self.wait_reserved(tokens, wait).await;
+        Ok(())
+    }
+
+    /// Consumes `tokens` if the wait for them is at most `max_wait`, then waits that long;
+    /// resolves to `false` at once, taking nothing, when the wait would be longer.
+    ///
+    /// Lazy and cancellation safe like [`consume`](Self::consume). Listener:
+    /// `on_rejected(tokens)` when refused; otherwise `on_consumed(tokens)`, then
+    /// `on_delayed(nanos)` when it must wait (and `on_interrupted()` if dropped mid-wait).
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`], or [`OperationError::ZeroMaxWait`] for a zero
+    /// `max_wait`.
+    ///
+    /// ```
+    /// use bucket4rs_async::AsyncBucketExt;
+    /// use bucket4rs_local::Bucket;
+    /// use std::time::Duration;
+    ///
+    /// #[tokio::main(flavor = "current_thread")]
+    /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    ///     let bucket = Bucket::builder()
+    ///         .add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(50)))
+    ///         .build()?;
+    ///     let view = bucket.with_sleeper(tokio::time::sleep);
+    ///     assert!(view.try_consume(5, Duration::from_millis(1)).await?);
+    ///     assert!(!view.try_consume(1, Duration::from_millis(1)).await?); // needs 10 s
+    ///     assert_eq!(bucket.available_tokens(), 0);
+    ///     Ok(())
+    /// }
+    /// ```
+    pub async fn try_consume(
+        &self,
+        tokens: u64,
+        max_wait: Duration,
+    ) -> Result<bool, OperationError> {
+        match self.bucket.reserve(tokens, max_wait)? {
+            None => Ok(false),
+            Some(wait) => {
+                self.wait_reserved(tokens, wait).await;
+                Ok(true)
+            }
+        }
+    }
+
+    async fn wait_reserved(&self, tokens: u64, wait: Duration) {
+        if wait.is_zero() {
+            return;
+        }
+        self.bucket.listener().on_delayed(nanos(wait));
+        let mut refund = Refund {
+            bucket: self.bucket,
+            tokens,
+            armed: true,
+        };
+        self.sleeper.sleep(wait).await;
+        refund.armed = false;
+    }
+}
+
+/// Adds async views to the buckets of `bucket4rs-local`.
+///
+/// ```
+/// use bucket4rs_async::AsyncBucketExt;
+/// use bucket4rs_local::Bucket;
+/// use std::time::Duration;
+///
+/// #[tokio::main(flavor = "current_thread")]
+/// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+///     let bucket = Bucket::builder().add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_secs(1))).build_synchronized()?;
+///     bucket.with_sleeper(tokio::time::sleep).consume(2).await?;
+///     assert_eq!(bucket.available_tokens(), 0);
+///     Ok(())
+/// }
+/// ```
+pub trait AsyncBucketExt {
+    /// The async view of this bucket, waiting with `sleeper` (any runtime's timer).
+    ///
+    /// ```
+    /// use bucket4rs_async::AsyncBucketExt;
+    /// use bucket4rs_local::Bucket;
+    /// use std::time::Duration;
+    ///
+    /// #[tokio::main(flavor = "current_thread")]
+    /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    ///     let bucket = Bucket::builder().add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_secs(1))).build()?;
+    ///     assert!(bucket.with_sleeper(tokio::time::sleep).try_consume(2, Duration::from_millis(1)).await?);
+    ///     Ok(())
+    /// }
+    /// ```
+    fn with_sleeper<Z: Sleeper>(&self, sleeper: Z) -> AsyncBucket<'_, Self, Z>;
+
+    /// The async view of this bucket on tokio's timer.
+    ///
+    /// ```
+    /// use bucket4rs_async::AsyncBucketExt;
+    /// use bucket4rs_local::Bucket;
+    /// use std::time::Duration;
+    ///
+    /// #[tokio::main(flavor = "current_thread")]
+    /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    ///     let bucket = Bucket::builder().add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_secs(1))).build()?;
+    ///     bucket.as_async().consume(2).await?;
+    ///     Ok(())
+    /// }
+    /// ```
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(bucket4rs_docsrs, doc(cfg(feature = "tokio")))]
+    fn as_async(&self) -> AsyncBucket<'_, Self, crate::TokioSleeper> {
+        self.with_sleeper(crate::TokioSleeper)
+    }
+}
+
+impl<S: Storage, C: Clock, L: BucketListener> AsyncBucketExt for Bucket<S, C, L> {
+    fn with_sleeper<Z: Sleeper>(&self, sleeper: Z) -> AsyncBucket<'_, Self, Z> {
+        AsyncBucket::new(self, sleeper)
+    }
+}
