@@ -294,7 +294,23 @@ pub trait Operation {
 
     /// Tells `listener` what the operation did (only consumption notifies).
     fn notify<L: BucketListener + ?Sized>(&self, _output: &Self::Output, _listener: &L) {}
+
+    /// A shortcut for a bucket with a single bandwidth `b` whose refilled state is `s`: the
+    /// same result as [`plan`](Operation::plan), computed directly, with the new state when it
+    /// changes. `None` (the default) means "use `plan`".
+    #[inline]
+    fn plan_single(
+        &self,
+        _b: &Bandwidth,
+        _s: BandwidthState,
+        _now: i64,
+    ) -> Option<Single<Self::Output>> {
+        None
+    }
 }
+
+/// The result of [`Operation::plan_single`]: the output and the new state, if it changed.
+pub type Single<T> = Result<(T, Option<BandwidthState>), OperationError>;
 
 /// An operation's decision, made on a refilled view and not yet written anywhere.
 ///
@@ -316,9 +332,16 @@ pub trait Operation {
 /// ```
 #[derive(Debug)]
 pub struct Plan<'a, R, T> {
-    view: Refilled<'a, R>,
     output: T,
-    mutation: Option<Mutation>,
+    change: Change<'a, R>,
+}
+
+#[derive(Debug)]
+enum Change<'a, R> {
+    /// A single bandwidth's new state, if any.
+    Single(Option<BandwidthState>),
+    /// A mutation of every bandwidth of the refilled view.
+    General(Refilled<'a, R>, Option<Mutation>),
 }
 
 impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
@@ -334,7 +357,10 @@ impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
     /// ```
     #[inline]
     pub fn changes(&self) -> bool {
-        self.mutation.is_some()
+        match &self.change {
+            Change::Single(s) => s.is_some(),
+            Change::General(_, m) => m.is_some(),
+        }
     }
 
     /// Passes every bandwidth's new state to `write` (nothing when the state is unchanged).
@@ -351,9 +377,13 @@ impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
     /// ```
     #[inline]
     pub fn write(&self, mut write: impl FnMut(usize, BandwidthState)) {
-        if let Some(m) = self.mutation {
-            for (i, b) in self.view.config.bandwidths().iter().enumerate() {
-                write(i, m.apply(b, self.view.get(i)));
+        match &self.change {
+            Change::Single(Some(s)) => write(0, *s),
+            Change::Single(None) | Change::General(_, None) => {}
+            Change::General(view, Some(m)) => {
+                for (i, b) in view.config.bandwidths().iter().enumerate() {
+                    write(i, m.apply(b, view.get(i)));
+                }
             }
         }
     }
@@ -398,12 +428,20 @@ where
     O: Operation + ?Sized,
     R: Fn(usize) -> BandwidthState,
 {
+    if let [b] = config.bandwidths() {
+        if let Some(single) = op.plan_single(b, math::refill(b, read(0), now), now) {
+            let (output, state) = single?;
+            return Ok(Plan {
+                output,
+                change: Change::Single(state),
+            });
+        }
+    }
     let view = Refilled::new(config, now, read);
     let (output, mutation) = op.plan(&view)?;
     Ok(Plan {
-        view,
         output,
-        mutation,
+        change: Change::General(view, mutation),
     })
 }
 
@@ -483,6 +521,16 @@ impl Operation for TryConsume {
         } else {
             listener.on_rejected(self.0)
         }
+    }
+    #[inline]
+    fn plan_single(&self, b: &Bandwidth, s: BandwidthState, _now: i64) -> Option<Single<bool>> {
+        Some(check_tokens(self.0).map(|n| {
+            if n as i128 <= s.tokens as i128 {
+                (true, Some(Mutation::Consume(n).apply(b, s)))
+            } else {
+                (false, None)
+            }
+        }))
     }
 }
 
@@ -627,6 +675,33 @@ impl Operation for TryConsumeAndReturnRemaining {
             listener.on_rejected(self.0)
         }
     }
+    #[inline]
+    fn plan_single(
+        &self,
+        b: &Bandwidth,
+        s: BandwidthState,
+        now: i64,
+    ) -> Option<Single<ConsumptionProbe>> {
+        Some(check_tokens(self.0).map(|n| {
+            let a = s.tokens;
+            if n as i128 <= a as i128 {
+                let after = Mutation::Consume(n).apply(b, s);
+                let reset = math::reset_wait(b, &after, now) as u64;
+                let remaining = (a as i128 - n as i128) as u64;
+                (
+                    ConsumptionProbe::new(true, remaining, 0, reset),
+                    Some(after),
+                )
+            } else {
+                let wait = math::request_wait(b, &s, now, n, true) as u64;
+                let reset = math::reset_wait(b, &s, now) as u64;
+                (
+                    ConsumptionProbe::new(false, a.max(0) as u64, wait, reset),
+                    None,
+                )
+            }
+        }))
+    }
 }
 
 /// The result of [`EstimateAbilityToConsume`].
@@ -723,6 +798,27 @@ impl Operation for EstimateAbilityToConsume {
             EstimationProbe::new(false, a.max(0) as u64, view.request_wait(n, true))
         };
         Ok((probe, None))
+    }
+    #[inline]
+    fn plan_single(
+        &self,
+        b: &Bandwidth,
+        s: BandwidthState,
+        now: i64,
+    ) -> Option<Single<EstimationProbe>> {
+        Some(check_tokens(self.0).map(|n| {
+            let a = s.tokens;
+            let probe = if n as i128 <= a as i128 {
+                EstimationProbe::new(true, a as u64, 0)
+            } else {
+                EstimationProbe::new(
+                    false,
+                    a.max(0) as u64,
+                    math::request_wait(b, &s, now, n, true) as u64,
+                )
+            };
+            (probe, None)
+        }))
     }
 }
 
@@ -859,6 +955,10 @@ impl Operation for AvailableTokens {
         view: &Refilled<'_, R>,
     ) -> Result<(i64, Option<Mutation>), OperationError> {
         Ok((view.available(), None))
+    }
+    #[inline]
+    fn plan_single(&self, _b: &Bandwidth, s: BandwidthState, _now: i64) -> Option<Single<i64>> {
+        Some(Ok((s.tokens, None)))
     }
 }
 
