@@ -1,0 +1,134 @@
+//! Keyed limiters: one bucket per key, the keys visited round-robin. governor's
+//! `DefaultKeyedRateLimiter` (dashmap) next to bucket4rs-distributed's embedded backend (also
+//! dashmap, through the async `ProxyManager`, polled in place as an `.await` would), and the
+//! Redis backend when built with `--features redis` and Redis answers. There is no PostgreSQL
+//! backend in bucket4rs-distributed yet; the benchmark says so instead of failing.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+
+use bucket4rs_benches::{keyed_config, note, run_now};
+use bucket4rs_distributed::{EmbeddedBackend, ProxyManager, RemoteBucket};
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput, measurement::WallTime};
+use governor::{Quota, RateLimiter};
+
+const KEYS: [usize; 2] = [1, 10_000];
+
+pub(crate) fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("keyed/try_consume");
+    g.throughput(Throughput::Elements(1));
+    governor_keyed(&mut g);
+    embedded(&mut g);
+    redis(&mut g);
+    note("keyed: PostgreSQL backend skipped: bucket4rs-distributed has no PostgreSQL backend yet");
+    g.finish();
+}
+
+fn governor_keyed(g: &mut BenchmarkGroup<'_, WallTime>) {
+    for n in KEYS {
+        let gov: governor::DefaultKeyedRateLimiter<u64> =
+            RateLimiter::dashmap(Quota::per_second(NonZeroU32::MAX));
+        for k in 0..n as u64 {
+            assert!(gov.check_key(&k).is_ok());
+        }
+        g.bench_with_input(BenchmarkId::new("governor keyed", n), &n, |b, &n| {
+            let mut i = 0_u64;
+            b.iter(|| {
+                i = if i + 1 == n as u64 { 0 } else { i + 1 };
+                black_box(gov.check_key(&i).is_ok())
+            });
+        });
+    }
+}
+
+fn buckets<B: bucket4rs_distributed::Backend>(
+    manager: &ProxyManager<B>,
+    n: usize,
+) -> Vec<RemoteBucket<B>> {
+    (0..n)
+        .map(|k| {
+            manager
+                .builder()
+                .build(format!("k{k}"), keyed_config)
+                .expect("bucket")
+        })
+        .collect()
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn embedded(g: &mut BenchmarkGroup<'_, WallTime>) {
+    let rt = current_thread();
+    for n in KEYS {
+        let manager = ProxyManager::new(EmbeddedBackend::new());
+        let all = buckets(&manager, n);
+        for b in &all {
+            assert!(run_now(&rt, b.try_consume(1)).expect("embedded op"));
+        }
+        g.bench_with_input(BenchmarkId::new("embedded", n), &n, |bn, &n| {
+            let mut i = 0;
+            bn.iter(|| {
+                i = if i + 1 == n { 0 } else { i + 1 };
+                black_box(run_now(&rt, all[i].try_consume(1)).is_ok())
+            });
+        });
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis(_: &mut BenchmarkGroup<'_, WallTime>) {
+    note("keyed: Redis backend skipped: built without `--features redis`");
+}
+
+#[cfg(feature = "redis")]
+fn redis(g: &mut BenchmarkGroup<'_, WallTime>) {
+    use bucket4rs_distributed::{RedisBackend, RedisOptions};
+    use std::time::Duration;
+
+    let url =
+        std::env::var("BUCKET4RS_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let rt = current_thread();
+    let options = RedisOptions::default().connect_timeout(Duration::from_secs(2));
+    let backend = match rt.block_on(RedisBackend::connect(&url, options)) {
+        Ok(b) => b,
+        Err(e) => {
+            note(&format!(
+                "keyed: Redis backend skipped: {url} unreachable: {e}"
+            ));
+            return;
+        }
+    };
+    let prefix = format!("bucket4rs-bench-{}", std::process::id());
+    let manager = match ProxyManager::configure(backend).key_prefix(prefix).build() {
+        Ok(m) => m,
+        Err(e) => {
+            note(&format!("keyed: Redis backend skipped: manager: {e}"));
+            return;
+        }
+    };
+    for n in KEYS {
+        let all = buckets(&manager, n);
+        if let Err(e) = all
+            .iter()
+            .try_for_each(|b| rt.block_on(b.try_consume(1)).map(drop))
+        {
+            note(&format!("keyed: Redis backend skipped: {e}"));
+            return;
+        }
+        g.bench_with_input(BenchmarkId::new("redis", n), &n, |bn, &n| {
+            let mut i = 0;
+            bn.iter(|| {
+                i = if i + 1 == n { 0 } else { i + 1 };
+                black_box(rt.block_on(all[i].try_consume(1)).is_ok())
+            });
+        });
+        for k in 0..n {
+            let _ = rt.block_on(manager.remove(format!("k{k}")));
+        }
+    }
+}

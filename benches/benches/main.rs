@@ -1,0 +1,34 @@
+//! The bucket4rs benchmarks: one criterion binary, every contender side by side in one run.
+//!
+//! - `single_thread`: each local strategy's success, denied, probe, estimate and
+//!   two-bandwidth paths next to governor, ratelimit and the textbook `Mutex<f64>` bucket;
+//!   the same contenders again on one shared clock source; the atomic floors.
+//! - `contention`: 1, 2, 4 and 8 threads on one bucket (aggregate time per operation).
+//! - `clock`: the clock reads the limiters are built on.
+//! - `keyed`: governor's keyed limiter and bucket4rs-distributed's embedded backend at 1 and
+//!   10,000 keys; the Redis backend when built with `--features redis` and reachable.
+//! - `memory`: building a bucket of 1, 2, 4 and 8 bandwidths (the byte counts come from the
+//!   `bucket4rs-memory` binary, which needs a counting global allocator).
+//!
+//! Run through `cargo xtask bench [--quick]`, which also writes the report.
+
+// `criterion_group!` generates an undocumented `pub fn`.
+#![allow(missing_docs)]
+
+use criterion::{criterion_group, criterion_main};
+
+mod clock;
+mod contention;
+mod keyed;
+mod memory;
+mod single_thread;
+
+criterion_group!(
+    benches,
+    single_thread::bench,
+    clock::bench,
+    contention::bench,
+    keyed::bench,
+    memory::bench
+);
+criterion_main!(benches);

@@ -1,0 +1,327 @@
+//! Shared pieces of the bucket4rs benchmarks (`benches/main.rs`) and of the memory report
+//! (`src/bin/bucket4rs-memory.rs`): same-source clocks, the textbook `Mutex<f64>` bucket,
+//! the bucket configurations, the barrier-released thread runner and a counting allocator.
+//!
+//! Run everything with `cargo xtask bench [--quick]`; see `docs/benchmarks.md`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use bucket4rs_core::Clock;
+use bucket4rs_local::{Bucket, BucketBuilder};
+
+/// Capacity of the "never runs dry" configuration: a full bucket of it outlasts any run.
+pub const HUGE: u64 = 1_000_000_000_000;
+
+/// Refill of the "never runs dry" configuration per second: one token a nanosecond, the
+/// fastest refill a Bucket4j bandwidth allows, and far above what any number of threads take.
+pub const PER_SECOND: u64 = 1_000_000_000;
+
+/// bucket4rs on the same clock source as governor's default `QuantaClock`:
+/// `quanta::Clock::raw()` scaled by `delta_as_nanos(0, raw)`, exactly what governor reads.
+#[derive(Clone, Debug)]
+pub struct QuantaClock(quanta::Clock);
+
+impl QuantaClock {
+    /// A calibrated quanta clock.
+    #[must_use]
+    pub fn new() -> Self {
+        Self(quanta::Clock::new())
+    }
+}
+
+impl Default for QuantaClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for QuantaClock {
+    #[inline]
+    fn now_nanos(&self) -> i64 {
+        let raw = self.0.raw();
+        i64::try_from(self.0.delta_as_nanos(0, raw)).unwrap_or(i64::MAX)
+    }
+}
+
+/// A bucket builder whose single limit never runs dry during a benchmark.
+pub fn never_dry() -> BucketBuilder {
+    Bucket::builder().add_limit(|l| {
+        l.capacity(HUGE)
+            .refill_greedy(PER_SECOND, Duration::from_secs(1))
+    })
+}
+
+/// A bucket builder with `n` limits that never run dry (the first one binding).
+pub fn never_dry_n(n: usize) -> BucketBuilder {
+    let mut b = Bucket::builder();
+    for i in 0..n {
+        let seconds = i as u64 + 1;
+        b = b.add_limit(|l| {
+            l.capacity(HUGE * seconds)
+                .refill_greedy(PER_SECOND, Duration::from_secs(seconds))
+        });
+    }
+    b
+}
+
+/// A bucket builder for the denied path: one token an hour, which the caller takes first.
+pub fn slow() -> BucketBuilder {
+    Bucket::builder().add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(3600)))
+}
+
+/// State of the textbook bucket: fractional tokens and the last refill time.
+#[derive(Debug)]
+pub struct TextbookState {
+    tokens: f64,
+    last: Instant,
+}
+
+/// The textbook token bucket every tutorial shows: a lock around `f64` tokens, refilled from
+/// `Instant::now()` on every call. Generic over the lock so std's and parking_lot's mutexes
+/// run the same code.
+#[derive(Debug)]
+pub struct Textbook<M> {
+    state: M,
+    capacity: f64,
+    per_second: f64,
+}
+
+/// The lock a [`Textbook`] bucket uses.
+pub trait Lock: Sync {
+    /// Runs `f` on the locked state.
+    fn with<R>(&self, f: impl FnOnce(&mut TextbookState) -> R) -> R;
+}
+
+impl Lock for Mutex<TextbookState> {
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&mut TextbookState) -> R) -> R {
+        f(&mut self
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+}
+
+impl Lock for parking_lot::Mutex<TextbookState> {
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&mut TextbookState) -> R) -> R {
+        f(&mut self.lock())
+    }
+}
+
+/// The textbook bucket behind `std::sync::Mutex`.
+pub type TextbookStd = Textbook<Mutex<TextbookState>>;
+/// The textbook bucket behind `parking_lot::Mutex`.
+pub type TextbookParkingLot = Textbook<parking_lot::Mutex<TextbookState>>;
+
+impl<M: Lock> Textbook<M> {
+    /// Takes one token if there is one.
+    #[inline]
+    pub fn try_acquire(&self) -> bool {
+        let (capacity, per_second) = (self.capacity, self.per_second);
+        self.state.with(|s| {
+            let now = Instant::now();
+            let elapsed = now.saturating_duration_since(s.last).as_secs_f64();
+            s.tokens = elapsed.mul_add(per_second, s.tokens).min(capacity);
+            s.last = now;
+            if s.tokens >= 1.0 {
+                s.tokens -= 1.0;
+                true
+            } else {
+                false
+            }
+        })
+    }
+}
+
+macro_rules! textbook_ctor {
+    ($ty:ty, $lock:expr) => {
+        impl $ty {
+            /// A full bucket of `capacity` tokens refilling `per_second`.
+            #[must_use]
+            #[allow(clippy::cast_precision_loss)]
+            pub fn new(capacity: u64, per_second: f64, initial: u64) -> Self {
+                let state = TextbookState {
+                    tokens: initial as f64,
+                    last: Instant::now(),
+                };
+                Self {
+                    state: $lock(state),
+                    capacity: capacity as f64,
+                    per_second,
+                }
+            }
+        }
+    };
+}
+textbook_ctor!(TextbookStd, Mutex::new);
+textbook_ctor!(TextbookParkingLot, parking_lot::Mutex::new);
+
+/// Runs `op` `iters` times in total, split over `threads` threads that a barrier releases
+/// together; returns the wall time from the first thread's start to the last thread's end,
+/// so `wall / iters` is the aggregate time per operation.
+pub fn run_threads<F: Fn() + Sync>(threads: usize, iters: u64, op: F) -> Duration {
+    let barrier = Barrier::new(threads);
+    let n = threads as u64;
+    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|t| {
+                let (barrier, op) = (&barrier, &op);
+                let mine = iters / n + u64::from(t < iters % n);
+                s.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    for _ in 0..mine {
+                        op();
+                    }
+                    (start, Instant::now())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread panicked"))
+            .collect()
+    });
+    let start = spans
+        .iter()
+        .map(|s| s.0)
+        .min()
+        .expect("at least one thread");
+    let end = spans
+        .iter()
+        .map(|s| s.1)
+        .max()
+        .expect("at least one thread");
+    end - start
+}
+
+/// The cores this process may run on.
+#[must_use]
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// A criterion parameter for a thread count, marked when it oversubscribes the cores.
+#[must_use]
+pub fn threads_label(threads: usize) -> String {
+    if threads > cores() {
+        format!("{threads}-oversubscribed")
+    } else {
+        threads.to_string()
+    }
+}
+
+/// A global allocator that counts live heap bytes and allocation calls, for the memory report.
+/// Install it with `#[global_allocator]` in a binary; it forwards to the system allocator.
+#[derive(Debug)]
+pub struct CountingAllocator {
+    live: AtomicI64,
+    calls: AtomicU64,
+}
+
+impl CountingAllocator {
+    /// A counter at zero.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            live: AtomicI64::new(0),
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes currently allocated.
+    pub fn live(&self) -> i64 {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// Allocation calls so far (alloc, alloc_zeroed and realloc).
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl Default for CountingAllocator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[allow(clippy::cast_possible_wrap)]
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged; the
+// counters are side effects only.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        self.live.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        self.live.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        self.live.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: forwarded contract.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        self.live
+            .fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded contract.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Prints why a benchmark was skipped and, when `BUCKET4RS_BENCH_NOTES` names a file (as
+/// `cargo xtask bench` arranges), appends it there for the report.
+pub fn note(message: &str) {
+    use std::io::Write as _;
+    eprintln!("note: {message}");
+    if let Some(path) = std::env::var_os("BUCKET4RS_BENCH_NOTES") {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path);
+        if let Ok(mut f) = file {
+            let _ = writeln!(f, "{message}");
+        }
+    }
+}
+
+/// Polls a future that is expected to complete at once (the embedded backend never waits)
+/// inside `rt`'s context with a no-op waker, as an `.await` in a running task would; falls
+/// back to `block_on` if it does wait.
+pub fn run_now<F: core::future::Future>(rt: &tokio::runtime::Runtime, fut: F) -> F::Output {
+    let _guard = rt.enter();
+    let mut fut = core::pin::pin!(fut);
+    let mut cx = core::task::Context::from_waker(core::task::Waker::noop());
+    match fut.as_mut().poll(&mut cx) {
+        core::task::Poll::Ready(out) => out,
+        core::task::Poll::Pending => rt.block_on(fut),
+    }
+}
+
+/// The configuration of the keyed benchmarks: never runs dry, and a consumed token takes
+/// days to come back, so a key never expires (and is recreated) in the middle of a run.
+#[must_use]
+pub fn keyed_config() -> bucket4rs_core::BucketConfiguration {
+    let limit = bucket4rs_core::Bandwidth::builder()
+        .capacity(HUGE)
+        .refill_greedy(1_000, Duration::from_secs(1_000_000))
+        .build()
+        .expect("bandwidth");
+    bucket4rs_core::BucketConfiguration::builder()
+        .add_limit(limit)
+        .build()
+        .expect("configuration")
+}
