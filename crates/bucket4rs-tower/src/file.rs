@@ -1,0 +1,492 @@
+//! Plans files: TOML with human durations, validated with errors that name the field.
+
+use core::fmt;
+use core::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+
+use bucket4rs_core::{Bandwidth, BucketConfiguration};
+use toml::{Table, Value};
+
+use crate::plan::{Plan, PlanResolver};
+
+/// Why a plans file was refused: the dotted path of the offending field and what is wrong.
+///
+/// ```
+/// use bucket4rs_tower::PlanTable;
+/// let err = PlanTable::from_toml(r#"
+///     [plans.free]
+///     limits = [{ capacity = 20, refill = 20, period = "1 fortnight" }]
+/// "#).unwrap_err();
+/// assert_eq!(err.path(), "plans.free.limits[0].period");
+/// assert_eq!(err.to_string(), r#"plans.free.limits[0].period: "1 fortnight" is not a duration"#);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlansError {
+    path: String,
+    message: String,
+}
+
+impl PlansError {
+    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The dotted path of the offending field (empty for a TOML syntax error).
+    ///
+    /// ```
+    /// let err = bucket4rs_tower::PlanTable::from_toml("plans = 3").unwrap_err();
+    /// assert_eq!(err.path(), "plans");
+    /// ```
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// What is wrong.
+    ///
+    /// ```
+    /// let err = bucket4rs_tower::PlanTable::from_toml("plans = 3").unwrap_err();
+    /// assert_eq!(err.message(), "expected a table, found an integer");
+    /// ```
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for PlansError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "invalid TOML: {}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+impl core::error::Error for PlansError {}
+
+/// Plans and the keys that use them, read from a plans file.
+///
+/// ```toml
+/// [plans.free]
+/// limits = ["20 per minute"]                    # capacity 20, refilled greedily 20/min
+///
+/// [plans.pro]
+/// limits = [
+///   { id = "burst", capacity = 200, refill = 200, period = "1m" },
+///   { id = "daily", rate = "10000 per day" },
+/// ]
+///
+/// [keys]                                        # API key = plan name
+/// free-demo-key = "free"
+/// pro-demo-key = "pro"
+/// ```
+///
+/// A limit is either a rate string (`"N per <duration>"` or `"N/<duration>"`) or a table
+/// with `capacity`, `refill` (default: the capacity), `period`, or `rate` instead of those
+/// three, and optionally `id` (the policy name in the headers), `initial_tokens` and
+/// `refill_kind` (`"greedy"`, the default, or `"intervally"`). Durations: `"1m"`, `"90s"`,
+/// `"1h30m"`, `"2 hours"`, `"minute"`, `"500ms"`, … (`ns`, `us`, `ms`, `s`, `m`, `h`, `d`,
+/// `w` and their English names).
+///
+/// ```
+/// use bucket4rs_tower::{PlanResolver, PlanTable};
+/// let table = PlanTable::from_toml(r#"
+///     [plans.free]
+///     limits = ["20 per minute"]
+///     [keys]
+///     k1 = "free"
+/// "#)?;
+/// assert_eq!(table.resolve("k1").unwrap().min_capacity(), 20);
+/// assert!(table.resolve("k2").is_none());
+/// # Ok::<(), bucket4rs_tower::PlansError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct PlanTable {
+    plans: BTreeMap<String, Plan>,
+    keys: HashMap<String, Plan>,
+}
+
+impl PlanResolver for PlanTable {
+    fn resolve(&self, key: &str) -> Option<Plan> {
+        self.keys.get(key).cloned()
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::String(_) => "a string",
+        Value::Integer(_) => "an integer",
+        Value::Float(_) => "a float",
+        Value::Boolean(_) => "a boolean",
+        Value::Datetime(_) => "a datetime",
+        Value::Array(_) => "an array",
+        Value::Table(_) => "a table",
+    }
+}
+
+fn expect_table<'a>(v: &'a Value, path: &str) -> Result<&'a Table, PlansError> {
+    v.as_table()
+        .ok_or_else(|| PlansError::new(path, format!("expected a table, found {}", type_name(v))))
+}
+
+fn expect_str<'a>(v: &'a Value, path: &str) -> Result<&'a str, PlansError> {
+    v.as_str()
+        .ok_or_else(|| PlansError::new(path, format!("expected a string, found {}", type_name(v))))
+}
+
+fn expect_u64(v: &Value, path: &str) -> Result<u64, PlansError> {
+    match v {
+        Value::Integer(i) => u64::try_from(*i)
+            .map_err(|_| PlansError::new(path, format!("must not be negative, found {i}"))),
+        other => Err(PlansError::new(
+            path,
+            format!("expected an integer, found {}", type_name(other)),
+        )),
+    }
+}
+
+impl PlanTable {
+    /// Reads and validates a plans file.
+    ///
+    /// # Errors
+    /// A [`PlansError`] naming the first offending field (or the TOML syntax error).
+    ///
+    /// ```
+    /// let err = bucket4rs_tower::PlanTable::from_toml(r#"
+    ///     [plans.free]
+    ///     limits = ["20 per minute"]
+    ///     [keys]
+    ///     k1 = "gold"
+    /// "#).unwrap_err();
+    /// assert_eq!(err.to_string(), r#"keys.k1: plan "gold" is not defined in [plans]"#);
+    /// ```
+    pub fn from_toml(text: &str) -> Result<Self, PlansError> {
+        let root: Table = toml::from_str(text).map_err(|e| PlansError::new("", e.to_string()))?;
+        for k in root.keys() {
+            if k != "plans" && k != "keys" {
+                return Err(PlansError::new(
+                    k.as_str(),
+                    "unknown field (expected `plans` or `keys`)",
+                ));
+            }
+        }
+        let plans_v = root
+            .get("plans")
+            .ok_or_else(|| PlansError::new("plans", "missing: define at least one plan"))?;
+        let plans_t = expect_table(plans_v, "plans")?;
+        if plans_t.is_empty() {
+            return Err(PlansError::new("plans", "define at least one plan"));
+        }
+        let mut plans = BTreeMap::new();
+        for (name, v) in plans_t {
+            let path = format!("plans.{name}");
+            let config = parse_plan(v, &path)?;
+            plans.insert(name.clone(), Plan::new(name.as_str(), config));
+        }
+        let mut keys = HashMap::new();
+        if let Some(keys_v) = root.get("keys") {
+            for (key, v) in expect_table(keys_v, "keys")? {
+                let path = format!("keys.{key}");
+                let plan_name = expect_str(v, &path)?;
+                let plan = plans.get(plan_name).ok_or_else(|| {
+                    PlansError::new(
+                        &path,
+                        format!("plan {plan_name:?} is not defined in [plans]"),
+                    )
+                })?;
+                if key.is_empty() {
+                    return Err(PlansError::new(path, "a key must not be empty"));
+                }
+                keys.insert(key.clone(), plan.clone());
+            }
+        }
+        Ok(Self { plans, keys })
+    }
+
+    /// A plan by name.
+    ///
+    /// ```
+    /// let t = bucket4rs_tower::PlanTable::from_toml("[plans.free]\nlimits = [\"5/s\"]")?;
+    /// assert_eq!(t.plan("free").unwrap().min_capacity(), 5);
+    /// # Ok::<(), bucket4rs_tower::PlansError>(())
+    /// ```
+    pub fn plan(&self, name: &str) -> Option<&Plan> {
+        self.plans.get(name)
+    }
+
+    /// The plans, by name.
+    ///
+    /// ```
+    /// let t = bucket4rs_tower::PlanTable::from_toml("[plans.a]\nlimits = [\"5/s\"]\n[plans.b]\nlimits = [\"9/s\"]")?;
+    /// assert_eq!(t.plans().count(), 2);
+    /// # Ok::<(), bucket4rs_tower::PlansError>(())
+    /// ```
+    pub fn plans(&self) -> impl Iterator<Item = (&str, &Plan)> {
+        self.plans.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// How many keys are assigned a plan.
+    ///
+    /// ```
+    /// let t = bucket4rs_tower::PlanTable::from_toml("[plans.a]\nlimits = [\"5/s\"]\n[keys]\nx = \"a\"")?;
+    /// assert_eq!(t.key_count(), 1);
+    /// # Ok::<(), bucket4rs_tower::PlansError>(())
+    /// ```
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Assigns `key` to plan `plan` (e.g. keys from a database).
+    ///
+    /// # Errors
+    /// When no plan has that name.
+    ///
+    /// ```
+    /// let mut t = bucket4rs_tower::PlanTable::from_toml("[plans.a]\nlimits = [\"5/s\"]")?;
+    /// t.assign("new-key", "a")?;
+    /// assert!(t.assign("other", "zzz").is_err());
+    /// # Ok::<(), bucket4rs_tower::PlansError>(())
+    /// ```
+    pub fn assign(&mut self, key: impl Into<String>, plan: &str) -> Result<(), PlansError> {
+        let key = key.into();
+        let p = self.plans.get(plan).ok_or_else(|| {
+            PlansError::new(
+                format!("keys.{key}"),
+                format!("plan {plan:?} is not defined in [plans]"),
+            )
+        })?;
+        self.keys.insert(key, p.clone());
+        Ok(())
+    }
+}
+
+fn parse_plan(v: &Value, path: &str) -> Result<BucketConfiguration, PlansError> {
+    let t = expect_table(v, path)?;
+    for k in t.keys() {
+        if k != "limits" {
+            return Err(PlansError::new(
+                format!("{path}.{k}"),
+                "unknown field (expected `limits`)",
+            ));
+        }
+    }
+    let limits_path = format!("{path}.limits");
+    let limits = t
+        .get("limits")
+        .ok_or_else(|| PlansError::new(&limits_path, "missing: a plan needs at least one limit"))?;
+    let Value::Array(limits) = limits else {
+        return Err(PlansError::new(
+            limits_path,
+            format!("expected an array of limits, found {}", type_name(limits)),
+        ));
+    };
+    if limits.is_empty() {
+        return Err(PlansError::new(
+            limits_path,
+            "a plan needs at least one limit",
+        ));
+    }
+    let mut bandwidths = Vec::with_capacity(limits.len());
+    for (i, l) in limits.iter().enumerate() {
+        bandwidths.push(parse_limit(l, &format!("{limits_path}[{i}]"))?);
+    }
+    BucketConfiguration::new(bandwidths).map_err(|e| PlansError::new(limits_path, e.to_string()))
+}
+
+const LIMIT_FIELDS: &[&str] = &[
+    "id",
+    "capacity",
+    "refill",
+    "period",
+    "rate",
+    "initial_tokens",
+    "refill_kind",
+];
+
+fn parse_limit(v: &Value, path: &str) -> Result<Bandwidth, PlansError> {
+    let field = |name: &str| format!("{path}.{name}");
+    let (capacity, refill, period, mut builder);
+    match v {
+        Value::String(s) => {
+            let (n, p) = parse_rate(s).map_err(|m| PlansError::new(path, m))?;
+            (capacity, refill, period) = (n, n, p);
+            builder = Bandwidth::builder();
+        }
+        Value::Table(t) => {
+            for k in t.keys() {
+                if !LIMIT_FIELDS.contains(&k.as_str()) {
+                    return Err(PlansError::new(
+                        field(k),
+                        format!(
+                            "unknown field (expected one of {})",
+                            LIMIT_FIELDS.join(", ")
+                        ),
+                    ));
+                }
+            }
+            builder = Bandwidth::builder();
+            if let Some(rate) = t.get("rate") {
+                for k in ["capacity", "refill", "period"] {
+                    if t.contains_key(k) {
+                        return Err(PlansError::new(
+                            field(k),
+                            "give either `rate` or `capacity`/`refill`/`period`, not both",
+                        ));
+                    }
+                }
+                let (n, p) = parse_rate(expect_str(rate, &field("rate"))?)
+                    .map_err(|m| PlansError::new(field("rate"), m))?;
+                (capacity, refill, period) = (n, n, p);
+            } else {
+                capacity = match t.get("capacity") {
+                    Some(c) => expect_u64(c, &field("capacity"))?,
+                    None => {
+                        return Err(PlansError::new(
+                            field("capacity"),
+                            "missing (or give `rate`)",
+                        ));
+                    }
+                };
+                refill = match t.get("refill") {
+                    Some(r) => expect_u64(r, &field("refill"))?,
+                    None => capacity,
+                };
+                period = match t.get("period") {
+                    Some(p) => {
+                        let s = expect_str(p, &field("period"))?;
+                        parse_duration(s).map_err(|m| PlansError::new(field("period"), m))?
+                    }
+                    None => return Err(PlansError::new(field("period"), "missing (e.g. \"1m\")")),
+                };
+            }
+            if let Some(id) = t.get("id") {
+                builder = builder.id(expect_str(id, &field("id"))?);
+            }
+            if let Some(n) = t.get("initial_tokens") {
+                builder = builder.initial_tokens(expect_u64(n, &field("initial_tokens"))?);
+            }
+            if let Some(kind) = t.get("refill_kind") {
+                match expect_str(kind, &field("refill_kind"))? {
+                    "greedy" => {}
+                    "intervally" => {
+                        return builder
+                            .capacity(capacity)
+                            .refill_intervally(refill, period)
+                            .build()
+                            .map_err(|e| PlansError::new(path, e.to_string()));
+                    }
+                    other => {
+                        return Err(PlansError::new(
+                            field("refill_kind"),
+                            format!(
+                                "{other:?} is not a refill kind (expected \"greedy\" or \"intervally\")"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        other => {
+            return Err(PlansError::new(
+                path,
+                format!(
+                    "expected a rate string like \"20 per minute\" or a table, found {}",
+                    type_name(other)
+                ),
+            ));
+        }
+    }
+    builder
+        .capacity(capacity)
+        .refill_greedy(refill, period)
+        .build()
+        .map_err(|e| PlansError::new(path, e.to_string()))
+}
+
+/// Parses a rate: `"20 per minute"`, `"20/min"`, `"5 per 10s"`; the count and the period.
+///
+/// # Errors
+/// A message saying what is wrong.
+///
+/// ```
+/// use bucket4rs_tower::parse_rate;
+/// use std::time::Duration;
+/// assert_eq!(parse_rate("20 per minute"), Ok((20, Duration::from_secs(60))));
+/// assert_eq!(parse_rate("1000/day"), Ok((1000, Duration::from_secs(86_400))));
+/// assert!(parse_rate("lots per minute").is_err());
+/// ```
+pub fn parse_rate(s: &str) -> Result<(u64, Duration), String> {
+    let bad = || format!("{s:?} is not a rate (expected e.g. \"20 per minute\" or \"20/1m\")");
+    let (n, d) = s
+        .split_once(" per ")
+        .or_else(|| s.split_once('/'))
+        .ok_or_else(bad)?;
+    let n: u64 = n.trim().replace('_', "").parse().map_err(|_| bad())?;
+    let d = parse_duration(d).map_err(|_| bad())?;
+    Ok((n, d))
+}
+
+fn unit(word: &str) -> Option<Duration> {
+    const S: u64 = 1;
+    Some(match word {
+        "ns" | "nanosecond" | "nanoseconds" => Duration::from_nanos(1),
+        "us" | "µs" | "microsecond" | "microseconds" => Duration::from_micros(1),
+        "ms" | "millisecond" | "milliseconds" | "millis" => Duration::from_millis(1),
+        "s" | "sec" | "secs" | "second" | "seconds" => Duration::from_secs(S),
+        "m" | "min" | "mins" | "minute" | "minutes" => Duration::from_secs(60),
+        "h" | "hr" | "hrs" | "hour" | "hours" => Duration::from_secs(3_600),
+        "d" | "day" | "days" => Duration::from_secs(86_400),
+        "w" | "week" | "weeks" => Duration::from_secs(604_800),
+        _ => return None,
+    })
+}
+
+/// Parses a human duration: `"1m"`, `"90s"`, `"1h30m"`, `"2 hours"`, `"minute"`, `"500ms"`.
+///
+/// # Errors
+/// `"<input>" is not a duration`, or a message for a zero or overflowing duration.
+///
+/// ```
+/// use bucket4rs_tower::parse_duration;
+/// use std::time::Duration;
+/// assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+/// assert_eq!(parse_duration("minute"), Ok(Duration::from_secs(60)));
+/// assert_eq!(parse_duration("1 fortnight"), Err(r#""1 fortnight" is not a duration"#.to_owned()));
+/// ```
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration");
+    let text = s.trim().to_ascii_lowercase();
+    if text.is_empty() {
+        return Err(bad());
+    }
+    if let Some(u) = unit(&text) {
+        return Ok(u);
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text.as_str();
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(bad());
+        }
+        let n: u32 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = rest[digits..].trim_start();
+        let word_len = rest
+            .char_indices()
+            .find(|(_, c)| !c.is_alphabetic())
+            .map_or(rest.len(), |(i, _)| i);
+        let u = unit(&rest[..word_len]).ok_or_else(bad)?;
+        total = u
+            .checked_mul(n)
+            .and_then(|d| total.checked_add(d))
+            .ok_or_else(|| format!("{s:?} is too long"))?;
+        rest = rest[word_len..].trim_start_matches([' ', ',']);
+    }
+    if total.is_zero() {
+        return Err(format!("{s:?} is zero; a period must be positive"));
+    }
+    Ok(total)
+}

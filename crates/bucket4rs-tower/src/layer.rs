@@ -1,0 +1,557 @@
+//! The tower layer and service.
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bucket4rs_core::TokensInheritanceStrategy;
+use bucket4rs_distributed::{
+    Backend, BackendError, BackendErrorKind, EmbeddedBackend, FailurePolicy, ProxyManager,
+    StorageKey, Transaction,
+};
+use bytes::Bytes;
+use http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
+use http::{HeaderValue, Request, Response, StatusCode};
+use tower::{Layer, Service};
+
+use crate::headers::{self, RATELIMIT, RATELIMIT_POLICY, X_RATE_LIMIT_REMAINING};
+use crate::key::{KeyExtractor, RequestInfo};
+use crate::plan::{Plan, PlanResolver};
+use crate::problem::{self, Problem};
+
+/// The embedded backend's key cap when the layer builds its own (see
+/// [`RateLimitLayerBuilder::max_keys`]).
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// A wait this long means "never" in the core (`i64::MAX` nanoseconds).
+const NEVER: u64 = i64::MAX as u64;
+
+type CostFn = dyn for<'a> Fn(&RequestInfo<'a>) -> u64 + Send + Sync;
+
+struct Shared<B> {
+    manager: ProxyManager<B>,
+    key: KeyExtractor,
+    plans: Option<Arc<dyn PlanResolver>>,
+    cost: Arc<CostFn>,
+    failure: FailurePolicy,
+    /// A manager whose backend always fails: lets the [`FailurePolicy`] decide without a
+    /// second round trip to the real backend.
+    unreachable: ProxyManager<Unreachable>,
+    missing_key: StatusCode,
+    unknown_key: StatusCode,
+}
+
+/// A backend that is always unavailable (see `Shared::unreachable`).
+#[derive(Debug)]
+struct Unreachable;
+
+#[async_trait]
+impl Backend for Unreachable {
+    async fn transact(&self, _: &StorageKey, _: &mut dyn Transaction) -> Result<(), BackendError> {
+        Err(unavailable())
+    }
+    async fn read(&self, _: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+        Err(unavailable())
+    }
+    async fn remove(&self, _: &StorageKey) -> Result<bool, BackendError> {
+        Err(unavailable())
+    }
+}
+
+fn unavailable() -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Unavailable,
+        "the rate-limit store is unavailable",
+    )
+}
+
+/// Builds a [`RateLimitLayer`]; from [`RateLimitLayer::builder`].
+///
+/// Defaults: the `X-API-Key` header as the key, no plans (every key is unknown: set
+/// [`plans`](Self::plans)), cost 1, [`FailurePolicy::error`] (503 when the backend is down),
+/// 401 for missing and unknown keys, and an [`EmbeddedBackend`] capped at
+/// [`DEFAULT_MAX_KEYS`] keys.
+///
+/// ```
+/// use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// use bucket4rs_distributed::{EmbeddedBackend, FailurePolicy, ProxyManager};
+/// use bucket4rs_tower::{KeyExtractor, Plan, RateLimitLayer};
+/// use std::time::Duration;
+/// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(20, Duration::from_secs(60))?).build()?;
+/// let layer = RateLimitLayer::builder()
+///     .backend(ProxyManager::configure(EmbeddedBackend::new()).key_prefix("api").build()?)
+///     .key(KeyExtractor::header("x-api-key"))
+///     .plans(Plan::new("free", config))
+///     .cost(|req| if req.uri().path().ends_with("/search") { 5 } else { 1 })
+///     .failure_policy(FailurePolicy::deny())
+///     .unknown_key_status(http::StatusCode::FORBIDDEN)
+///     .build();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use]
+pub struct RateLimitLayerBuilder<B> {
+    manager: ProxyManager<B>,
+    key: KeyExtractor,
+    plans: Option<Arc<dyn PlanResolver>>,
+    cost: Arc<CostFn>,
+    failure: FailurePolicy,
+    missing_key: StatusCode,
+    unknown_key: StatusCode,
+}
+
+impl<B: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("manager", &self.manager)
+            .field("key", &self.key)
+            .field("failure", &self.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayerBuilder<EmbeddedBackend> {
+    /// Uses a fresh [`EmbeddedBackend`] capped at `max_keys` keys (idle keys are dropped once
+    /// their bucket would be full again; at the cap, new keys meet the failure policy).
+    ///
+    /// ```
+    /// let layer = bucket4rs_tower::RateLimitLayer::builder().max_keys(10_000).build();
+    /// ```
+    pub fn max_keys(self, max_keys: usize) -> Self {
+        self.backend(ProxyManager::new(
+            EmbeddedBackend::new().with_max_keys(max_keys),
+        ))
+    }
+}
+
+impl<B: Backend> RateLimitLayerBuilder<B> {
+    /// Stores buckets with `manager` (embedded, Redis, PostgreSQL or your own backend).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+    /// let b = bucket4rs_tower::RateLimitLayer::builder().backend(ProxyManager::new(EmbeddedBackend::new()));
+    /// ```
+    pub fn backend<B2: Backend>(self, manager: ProxyManager<B2>) -> RateLimitLayerBuilder<B2> {
+        RateLimitLayerBuilder {
+            manager,
+            key: self.key,
+            plans: self.plans,
+            cost: self.cost,
+            failure: self.failure,
+            missing_key: self.missing_key,
+            unknown_key: self.unknown_key,
+        }
+    }
+
+    /// What requests are limited by.
+    ///
+    /// ```
+    /// # use bucket4rs_tower::{KeyExtractor, RateLimitLayer};
+    /// let b = RateLimitLayer::builder().key(KeyExtractor::client_ip());
+    /// ```
+    pub fn key(mut self, key: KeyExtractor) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// Maps keys to plans ([`Plan`] for one plan for all, a `PlanTable`, or a closure).
+    ///
+    /// ```
+    /// # use bucket4rs_tower::{Plan, RateLimitLayer};
+    /// let b = RateLimitLayer::builder().plans(|_key: &str| -> Option<Plan> { None });
+    /// ```
+    pub fn plans(mut self, plans: impl PlanResolver) -> Self {
+        self.plans = Some(Arc::new(plans));
+        self
+    }
+
+    /// What a request costs, in tokens. A cost of 0 lets the request through unmetered
+    /// (no bucket is touched and no rate-limit header is added).
+    ///
+    /// ```
+    /// # use bucket4rs_tower::RateLimitLayer;
+    /// let b = RateLimitLayer::builder().cost(|req| if req.method() == http::Method::GET { 1 } else { 3 });
+    /// ```
+    pub fn cost(
+        mut self,
+        cost: impl for<'a> Fn(&RequestInfo<'a>) -> u64 + Send + Sync + 'static,
+    ) -> Self {
+        self.cost = Arc::new(cost);
+        self
+    }
+
+    /// What to do when the backend is unavailable: [`FailurePolicy::error`] answers 503,
+    /// [`FailurePolicy::deny`] 429, [`FailurePolicy::fallback`] decides with a local limit.
+    ///
+    /// ```
+    /// # use bucket4rs_tower::RateLimitLayer;
+    /// let b = RateLimitLayer::builder().failure_policy(bucket4rs_distributed::FailurePolicy::deny());
+    /// ```
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// The status for a request without a usable key (default 401).
+    ///
+    /// ```
+    /// # use bucket4rs_tower::RateLimitLayer;
+    /// let b = RateLimitLayer::builder().missing_key_status(http::StatusCode::BAD_REQUEST);
+    /// ```
+    pub fn missing_key_status(mut self, status: StatusCode) -> Self {
+        self.missing_key = status;
+        self
+    }
+
+    /// The status for a key the plan resolver does not know (default 401).
+    ///
+    /// ```
+    /// # use bucket4rs_tower::RateLimitLayer;
+    /// let b = RateLimitLayer::builder().unknown_key_status(http::StatusCode::FORBIDDEN);
+    /// ```
+    pub fn unknown_key_status(mut self, status: StatusCode) -> Self {
+        self.unknown_key = status;
+        self
+    }
+
+    /// The layer.
+    ///
+    /// ```
+    /// let layer = bucket4rs_tower::RateLimitLayer::builder().build();
+    /// ```
+    pub fn build(self) -> RateLimitLayer<B> {
+        RateLimitLayer {
+            shared: Arc::new(Shared {
+                manager: self.manager,
+                key: self.key,
+                plans: self.plans,
+                cost: self.cost,
+                failure: self.failure,
+                unreachable: ProxyManager::new(Unreachable),
+                missing_key: self.missing_key,
+                unknown_key: self.unknown_key,
+            }),
+        }
+    }
+}
+
+/// A tower [`Layer`] that rate-limits requests with token buckets (see the crate docs).
+///
+/// Cheap to clone; every service it makes shares the same buckets.
+///
+/// ```
+/// use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// use bucket4rs_tower::{Plan, RateLimitLayer};
+/// use std::time::Duration;
+/// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(20, Duration::from_secs(60))?).build()?;
+/// let layer = RateLimitLayer::builder().plans(Plan::new("free", config)).build();
+/// let app: axum_like::Router = axum_like::Router.layer(layer);
+/// # mod axum_like { #[derive(Debug)] pub struct Router; impl Router { pub fn layer<L>(self, _: L) -> Self { self } } }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct RateLimitLayer<B = EmbeddedBackend> {
+    shared: Arc<Shared<B>>,
+}
+
+impl<B> Clone for RateLimitLayer<B> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for RateLimitLayer<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("manager", &self.shared.manager)
+            .field("key", &self.shared.key)
+            .field("failure", &self.shared.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayer<EmbeddedBackend> {
+    /// Starts building a layer (see [`RateLimitLayerBuilder`] for the defaults).
+    ///
+    /// ```
+    /// let builder = bucket4rs_tower::RateLimitLayer::builder();
+    /// ```
+    pub fn builder() -> RateLimitLayerBuilder<EmbeddedBackend> {
+        RateLimitLayerBuilder {
+            manager: ProxyManager::new(EmbeddedBackend::new().with_max_keys(DEFAULT_MAX_KEYS)),
+            key: KeyExtractor::header("x-api-key"),
+            plans: None,
+            cost: Arc::new(|_| 1),
+            failure: FailurePolicy::error(),
+            missing_key: StatusCode::UNAUTHORIZED,
+            unknown_key: StatusCode::UNAUTHORIZED,
+        }
+    }
+}
+
+impl<B> RateLimitLayer<B> {
+    /// The proxy manager holding the buckets.
+    ///
+    /// ```
+    /// let layer = bucket4rs_tower::RateLimitLayer::builder().build();
+    /// assert_eq!(layer.manager().backend().len(), 0);
+    /// ```
+    pub fn manager(&self) -> &ProxyManager<B> {
+        &self.shared.manager
+    }
+}
+
+impl<S, B> Layer<S> for RateLimitLayer<B> {
+    type Service = RateLimit<S, B>;
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The rate-limiting service made by [`RateLimitLayer`].
+///
+/// ```
+/// use bucket4rs_tower::RateLimitLayer;
+/// use tower::Layer;
+/// let svc = RateLimitLayer::builder().build().layer(tower::service_fn(|_: http::Request<()>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(bytes::Bytes::new()))
+/// }));
+/// ```
+pub struct RateLimit<S, B = EmbeddedBackend> {
+    inner: S,
+    shared: Arc<Shared<B>>,
+}
+
+impl<S: Clone, B> Clone for RateLimit<S, B> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: fmt::Debug, B> fmt::Debug for RateLimit<S, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The response future of [`RateLimit`].
+pub struct ResponseFuture<T, E> {
+    inner: Pin<Box<dyn Future<Output = Result<T, E>> + Send>>,
+}
+
+impl<T, E> fmt::Debug for ResponseFuture<T, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ResponseFuture")
+    }
+}
+
+impl<T, E> Future for ResponseFuture<T, E> {
+    type Output = Result<T, E>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+fn ready<T: Send + 'static, E: Send + 'static>(r: T) -> ResponseFuture<T, E> {
+    ResponseFuture {
+        inner: Box::pin(core::future::ready(Ok(r))),
+    }
+}
+
+fn key_problem<ResBody: From<Bytes>>(status: StatusCode, detail: &str) -> Response<ResBody> {
+    let mut r = Problem::new(status, detail).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        r.headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("ApiKey"));
+    }
+    r
+}
+
+impl<S, B, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, B>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: From<Bytes> + Send + 'static,
+    B: Backend,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<Response<ResBody>, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The clone is not necessarily ready: keep the one that was polled.
+        let fresh = self.inner.clone();
+        let mut inner = core::mem::replace(&mut self.inner, fresh);
+        let shared = &self.shared;
+        let info = RequestInfo::new(&req);
+        let Some(key) = shared.key.extract(&info) else {
+            return ready(key_problem(
+                shared.missing_key,
+                "the request carries no usable client key",
+            ));
+        };
+        let Some(plan) = shared.plans.as_ref().and_then(|p| p.resolve(&key)) else {
+            return ready(key_problem(shared.unknown_key, "unknown client key"));
+        };
+        let cost = (shared.cost)(&info);
+        if cost == 0 {
+            return ResponseFuture {
+                inner: Box::pin(inner.call(req)),
+            };
+        }
+        if cost > plan.min_capacity() {
+            return ready(cost_exceeds_capacity(&plan, cost));
+        }
+        let supplier_plan = plan.clone();
+        let supplier = move || supplier_plan.configuration().clone();
+        let bucket = match shared
+            .manager
+            .builder()
+            .build(key.as_bytes(), supplier.clone())
+        {
+            Ok(b) => b,
+            Err(_) => {
+                return ready(key_problem(
+                    shared.missing_key,
+                    "the client key is too long",
+                ));
+            }
+        };
+        let shared = Arc::clone(shared);
+        ResponseFuture {
+            inner: Box::pin(async move {
+                let verbose = bucket
+                    .verbose()
+                    .try_consume_and_return_remaining(cost)
+                    .await;
+                let v = match verbose {
+                    Ok(v) => v,
+                    Err(e) if e.is_unavailable() => {
+                        let Ok(fallback) = shared
+                            .unreachable
+                            .builder()
+                            .build(bucket.key().as_bytes(), supplier)
+                        else {
+                            return Ok(unavailable_response(&e.to_string()));
+                        };
+                        return match shared.failure.try_consume(&fallback, cost).await {
+                            Ok(d) if d.is_allowed() => inner.call(req).await,
+                            Ok(_) => Ok(problem::too_many_requests(
+                                1,
+                                Problem::new(
+                                    StatusCode::TOO_MANY_REQUESTS,
+                                    "the rate-limit store is unavailable; denied by the failure policy",
+                                ),
+                            )),
+                            Err(_) => Ok(unavailable_response(&e.to_string())),
+                        };
+                    }
+                    Err(e) => {
+                        return Ok(Problem::new(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            format!("rate limiter error: {e}"),
+                        )
+                        .into_response());
+                    }
+                };
+                let probe = v.value;
+                let stored;
+                let effective = if v.configuration == *plan.configuration() {
+                    &plan
+                } else {
+                    // The key's bucket was created under another plan (the key changed plan,
+                    // or the plans file changed): report what decided, then switch the
+                    // bucket to the current plan, keeping its tokens.
+                    stored = Plan::new(plan.name().to_owned(), v.configuration.clone());
+                    let _ = bucket
+                        .replace_configuration(
+                            plan.configuration().clone(),
+                            TokensInheritanceStrategy::AsIs,
+                        )
+                        .await;
+                    &stored
+                };
+                let ratelimit = headers::ratelimit_header(
+                    effective.quotas(),
+                    effective.singles(),
+                    &v.state,
+                    v.now_nanos,
+                    cost,
+                );
+                let add_headers = |h: &mut http::HeaderMap| {
+                    h.insert(RATELIMIT_POLICY, effective.policy_header().clone());
+                    if let Some(rl) = &ratelimit {
+                        h.insert(RATELIMIT, rl.clone());
+                    }
+                    h.insert(
+                        X_RATE_LIMIT_REMAINING,
+                        HeaderValue::from(probe.remaining_tokens()),
+                    );
+                };
+                if probe.is_consumed() {
+                    let mut resp = inner.call(req).await?;
+                    add_headers(resp.headers_mut());
+                    return Ok(resp);
+                }
+                if probe.nanos_to_wait_for_refill() >= NEVER {
+                    return Ok(cost_exceeds_capacity(effective, cost));
+                }
+                let retry = headers::ceil_secs(probe.nanos_to_wait_for_refill());
+                let mut resp = problem::too_many_requests(
+                    retry,
+                    Problem::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        format!("rate limit of plan {:?} exceeded", effective.name()),
+                    )
+                    .with("plan", effective.name())
+                    .with("cost", cost)
+                    .with("remaining", probe.remaining_tokens()),
+                );
+                add_headers(resp.headers_mut());
+                Ok(resp)
+            }),
+        }
+    }
+}
+
+fn cost_exceeds_capacity<ResBody: From<Bytes>>(plan: &Plan, cost: u64) -> Response<ResBody> {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!(
+            "cost exceeds capacity: this request costs {cost} tokens but plan {:?} holds at most {}",
+            plan.name(),
+            plan.min_capacity()
+        ),
+    )
+    .with("plan", plan.name())
+    .with("cost", cost)
+    .with("capacity", plan.min_capacity())
+    .into_response()
+}
+
+fn unavailable_response<ResBody: From<Bytes>>(why: &str) -> Response<ResBody> {
+    let mut r = Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("the rate limiter cannot decide: {why}"),
+    )
+    .into_response::<ResBody>();
+    r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(1u32));
+    r
+}

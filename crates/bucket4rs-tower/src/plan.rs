@@ -1,0 +1,205 @@
+//! What a key is allowed: plans and how keys map to them.
+
+use core::fmt;
+use std::sync::Arc;
+
+use bucket4rs_core::BucketConfiguration;
+use http::HeaderValue;
+
+use crate::headers::{self, Quota};
+
+struct Inner {
+    name: Arc<str>,
+    config: BucketConfiguration,
+    /// One single-bandwidth configuration per bandwidth, for per-bandwidth waits.
+    singles: Box<[BucketConfiguration]>,
+    quotas: Box<[Quota]>,
+    policy_header: HeaderValue,
+    min_capacity: u64,
+}
+
+/// A named bucket configuration (`free`, `pro`, …) with its `RateLimit-Policy` header
+/// precomputed. Cheap to clone.
+///
+/// Each bandwidth becomes one quota policy, named by its id (when it is a valid
+/// structured-field string) or else by its index (`"0"`, `"1"`, …).
+///
+/// ```
+/// use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// use bucket4rs_tower::Plan;
+/// use std::time::Duration;
+/// let config = BucketConfiguration::builder()
+///     .add_limit(Bandwidth::builder().capacity(20).refill_greedy(20, Duration::from_secs(60)).id("burst").build()?)
+///     .add_limit(Bandwidth::simple(1000, Duration::from_secs(86_400))?)
+///     .build()?;
+/// let plan = Plan::new("free", config);
+/// assert_eq!(plan.policy_header(), r#""burst";q=20;w=60, "1";q=1000;w=86400"#);
+/// assert_eq!(plan.min_capacity(), 20);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct Plan(Arc<Inner>);
+
+impl fmt::Debug for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plan")
+            .field("name", &self.0.name)
+            .field("config", &self.0.config)
+            .finish()
+    }
+}
+
+impl PartialEq for Plan {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name == other.0.name && self.0.config == other.0.config
+    }
+}
+
+impl Plan {
+    /// A plan named `name` over `config`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// assert_eq!(bucket4rs_tower::Plan::new("basic", c).name(), "basic");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(name: impl Into<Arc<str>>, config: BucketConfiguration) -> Self {
+        let quotas: Box<[Quota]> = config
+            .bandwidths()
+            .iter()
+            .enumerate()
+            .map(|(i, b)| Quota::of(i, b))
+            .collect();
+        let singles = config
+            .bandwidths()
+            .iter()
+            .map(|b| single(b.clone()))
+            .collect();
+        let min_capacity = config
+            .bandwidths()
+            .iter()
+            .map(|b| b.capacity())
+            .min()
+            .unwrap_or(0);
+        let policy_header = headers::policy_header(&quotas);
+        Self(Arc::new(Inner {
+            name: name.into(),
+            config,
+            singles,
+            quotas,
+            policy_header,
+            min_capacity,
+        }))
+    }
+
+    /// The plan's name.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// # let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// assert_eq!(bucket4rs_tower::Plan::new("pro", c).name(), "pro");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// The bucket configuration.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// # let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// assert_eq!(bucket4rs_tower::Plan::new("p", c.clone()).configuration(), &c);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn configuration(&self) -> &BucketConfiguration {
+        &self.0.config
+    }
+
+    /// The smallest capacity over the bandwidths: no request may cost more.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// # let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// assert_eq!(bucket4rs_tower::Plan::new("p", c).min_capacity(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn min_capacity(&self) -> u64 {
+        self.0.min_capacity
+    }
+
+    /// The `RateLimit-Policy` header value.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// # let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// assert_eq!(bucket4rs_tower::Plan::new("p", c).policy_header(), r#""0";q=5;w=1"#);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy_header(&self) -> &HeaderValue {
+        &self.0.policy_header
+    }
+
+    /// The quota policies, one per bandwidth.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// # let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// assert_eq!(bucket4rs_tower::Plan::new("p", c).quotas()[0].quota(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn quotas(&self) -> &[Quota] {
+        &self.0.quotas
+    }
+
+    pub(crate) fn singles(&self) -> &[BucketConfiguration] {
+        &self.0.singles
+    }
+}
+
+/// A configuration holding one bandwidth (always valid: one bandwidth, no duplicate id).
+pub(crate) fn single(b: bucket4rs_core::Bandwidth) -> BucketConfiguration {
+    match BucketConfiguration::new(vec![b]) {
+        Ok(c) => c,
+        // A one-element list is never empty and has no duplicate id.
+        Err(_) => unreachable!("a single bandwidth is a valid configuration"),
+    }
+}
+
+/// Maps a client key to its plan; `None` means the key is unknown (answered with the
+/// layer's unknown-key response, 401 by default).
+///
+/// Implemented by [`Plan`] (every key gets that plan: per-IP limiting), by
+/// [`PlanTable`](crate::PlanTable) (plans file: key → plan), and by closures.
+///
+/// ```
+/// use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// use bucket4rs_tower::{Plan, PlanResolver};
+/// use std::time::Duration;
+/// let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+/// let gold = Plan::new("gold", c);
+/// let resolver = move |key: &str| key.starts_with("gold-").then(|| gold.clone());
+/// assert_eq!(resolver.resolve("gold-1").unwrap().name(), "gold");
+/// assert!(resolver.resolve("tin-1").is_none());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait PlanResolver: Send + Sync + 'static {
+    /// The plan of `key`.
+    fn resolve(&self, key: &str) -> Option<Plan>;
+}
+
+impl PlanResolver for Plan {
+    fn resolve(&self, _key: &str) -> Option<Plan> {
+        Some(self.clone())
+    }
+}
+
+impl<F> PlanResolver for F
+where
+    F: Fn(&str) -> Option<Plan> + Send + Sync + 'static,
+{
+    fn resolve(&self, key: &str) -> Option<Plan> {
+        self(key)
+    }
+}
