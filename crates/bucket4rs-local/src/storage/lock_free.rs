@@ -2,9 +2,12 @@
 //!
 //! # Protocol
 //!
-//! The bucket's configuration index and per-bandwidth state live in a *slot*: an array of
-//! atomic words `[config_index, L0, s0, e0, L1, s1, e1, …]`. `current` holds the index of the
-//! slot in force plus a generation counter, bumped by every publication.
+//! The bucket's per-bandwidth state lives in a *slot*: atomic words `[L0, s0, e0, L1, s1, e1,
+//! …]` plus the index of the slot's configuration. `current` holds the index of the slot in
+//! force plus a generation counter, bumped by every publication. For a one-bandwidth bucket,
+//! `current`, the busy flags and both inline slots share one cache line, so an operation under
+//! contention moves one line between cores. A failed compare-and-swap backs off briefly
+//! (`crossbeam_utils::Backoff`) before retrying.
 //!
 //! - **Read-only outcomes** (rejections, probes, estimates, `available_tokens`): load `current`
 //!   (Acquire), read the slot's words (Relaxed), `fence(Acquire)`, and re-load `current`. If it
@@ -37,6 +40,8 @@ use bucket4rs_core::{
     BandwidthState, BucketConfiguration, BucketState, ConfigError, OperationError,
 };
 
+use crossbeam_utils::Backoff;
+
 use super::{NewStorage, Replacement, Storage};
 use crate::primitive::{AtomicBool, AtomicI64, AtomicU64, Ordering, fence};
 
@@ -56,6 +61,7 @@ const FAST: usize = 4;
 #[derive(Debug)]
 struct Slot {
     busy: AtomicBool,
+    config: AtomicI64,
     words: Box<[AtomicI64]>,
 }
 
@@ -63,6 +69,7 @@ impl Slot {
     fn new(stride: usize, busy: bool) -> Self {
         Self {
             busy: AtomicBool::new(busy),
+            config: AtomicI64::new(0),
             words: words(stride),
         }
     }
@@ -76,18 +83,22 @@ fn words(n: usize) -> Box<[AtomicI64]> {
 #[derive(Clone, Copy)]
 struct SlotRef<'a> {
     busy: &'a AtomicBool,
+    /// Index of the slot's configuration in the interned table (0: the first one). Rarely
+    /// written, so it lives apart from the hot state words.
+    config: &'a AtomicI64,
+    /// Three words per bandwidth: last refill, tokens, remainder.
     words: &'a [AtomicI64],
 }
 
 impl SlotRef<'_> {
     #[inline]
     fn config_index(self) -> i64 {
-        self.words.first().map_or(-1, |w| w.load(Ordering::Relaxed))
+        self.config.load(Ordering::Relaxed)
     }
 
     #[inline]
     fn read(self, i: usize) -> BandwidthState {
-        match self.words.get(1 + 3 * i..4 + 3 * i) {
+        match self.words.get(3 * i..3 + 3 * i) {
             Some(w) => BandwidthState::from_parts(
                 w[0].load(Ordering::Relaxed),
                 w[1].load(Ordering::Relaxed),
@@ -99,7 +110,7 @@ impl SlotRef<'_> {
 
     #[inline]
     fn write(self, i: usize, s: BandwidthState) {
-        if let Some(w) = self.words.get(1 + 3 * i..4 + 3 * i) {
+        if let Some(w) = self.words.get(3 * i..3 + 3 * i) {
             w[0].store(s.last_refill_nanos(), Ordering::Relaxed);
             w[1].store(s.tokens(), Ordering::Relaxed);
             w[2].store(s.remainder(), Ordering::Relaxed);
@@ -108,14 +119,28 @@ impl SlotRef<'_> {
 
     #[inline]
     fn set_config_index(self, index: i64) {
-        if let Some(w) = self.words.first() {
-            w.store(index, Ordering::Relaxed);
+        // Only stored when it changes: the word stays shared in every cache otherwise.
+        if self.config.load(Ordering::Relaxed) != index {
+            self.config.store(index, Ordering::Relaxed);
         }
     }
 }
 
+/// State words per slot for `config`.
 fn stride(config: &BucketConfiguration) -> usize {
-    1 + 3 * config.bandwidths().len()
+    3 * config.bandwidths().len()
+}
+
+/// What every operation on a one-bandwidth bucket touches, in one cache line: the published
+/// index and both inline slots (an operation under contention then moves one line between
+/// cores, not three).
+#[derive(Debug)]
+#[repr(C, align(64))]
+struct Hot {
+    current: AtomicU64,
+    busy: [AtomicBool; FAST],
+    /// The inline slots' words when the first configuration has a single bandwidth.
+    single: [AtomicI64; 3 * FAST],
 }
 
 #[derive(Debug, Default)]
@@ -147,12 +172,13 @@ struct Overflow {
 /// ```
 #[derive(Debug)]
 pub struct LockFree {
-    current: AtomicU64,
-    /// Words per inline slot.
+    hot: Hot,
+    fast_config: [AtomicI64; FAST],
+    /// State words per inline slot.
     stride: usize,
-    /// The inline slots' words, `FAST * stride` of them, contiguous.
+    /// The inline slots' words, `FAST * stride` of them, when the first configuration has
+    /// several bandwidths (else empty: `hot.single` holds them).
     fast_words: Box<[AtomicI64]>,
-    fast_busy: [AtomicBool; FAST],
     first_config: BucketConfiguration,
     overflow: OnceLock<Box<Overflow>>,
     retries: AtomicU64,
@@ -162,10 +188,18 @@ impl NewStorage for LockFree {
     fn new(config: BucketConfiguration, state: BucketState) -> Self {
         let stride = stride(&config);
         let storage = Self {
-            current: AtomicU64::new(0),
+            hot: Hot {
+                current: AtomicU64::new(0),
+                busy: core::array::from_fn(|i| AtomicBool::new(i == 0)),
+                single: core::array::from_fn(|_| AtomicI64::new(0)),
+            },
+            fast_config: core::array::from_fn(|_| AtomicI64::new(0)),
             stride,
-            fast_words: words(FAST * stride),
-            fast_busy: core::array::from_fn(|i| AtomicBool::new(i == 0)),
+            fast_words: if stride == 3 {
+                words(0)
+            } else {
+                words(FAST * stride)
+            },
             first_config: config,
             overflow: OnceLock::new(),
             retries: AtomicU64::new(0),
@@ -216,9 +250,15 @@ impl LockFree {
     fn slot(&self, index: usize) -> Option<SlotRef<'_>> {
         if index < FAST {
             let start = index * self.stride;
+            let words = if self.stride == 3 {
+                &self.hot.single[..]
+            } else {
+                &self.fast_words[..]
+            };
             Some(SlotRef {
-                busy: &self.fast_busy[index],
-                words: self.fast_words.get(start..start + self.stride)?,
+                busy: self.hot.busy.get(index)?,
+                config: self.fast_config.get(index)?,
+                words: words.get(start..start + self.stride)?,
             })
         } else {
             self.overflow_slot(index)
@@ -230,6 +270,7 @@ impl LockFree {
         let s = self.overflow.get()?.slots.get(index - FAST)?;
         Some(SlotRef {
             busy: &s.busy,
+            config: &s.config,
             words: &s.words,
         })
     }
@@ -274,7 +315,7 @@ impl LockFree {
         if needed <= self.stride {
             for k in 1..=FAST {
                 let i = (current + k) % FAST;
-                let busy = &self.fast_busy[i];
+                let busy = &self.hot.busy[i];
                 if !busy.load(Ordering::Relaxed)
                     && busy
                         .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -314,7 +355,7 @@ impl LockFree {
     #[inline]
     fn still(&self, cur: u64) -> bool {
         fence(Ordering::Acquire);
-        self.current.load(Ordering::Relaxed) == cur
+        self.hot.current.load(Ordering::Relaxed) == cur
     }
 
     /// Makes sure `spare` holds a claimed slot with room for `needed` words; returns it.
@@ -343,7 +384,7 @@ impl LockFree {
     /// Loads `current` and the slot and configuration it names.
     #[inline]
     fn load(&self) -> Option<(u64, SlotRef<'_>, i64, &BucketConfiguration)> {
-        let cur = self.current.load(Ordering::Acquire);
+        let cur = self.hot.current.load(Ordering::Acquire);
         let slot = self.slot((cur & INDEX_MASK) as usize)?;
         let index = slot.config_index();
         Some((cur, slot, index, self.config(index)?))
@@ -355,6 +396,7 @@ impl LockFree {
         fence(Ordering::Acquire);
         let next = (((cur >> INDEX_BITS).wrapping_add(1)) << INDEX_BITS) | spare as u64;
         match self
+            .hot
             .current
             .compare_exchange(cur, next, Ordering::AcqRel, Ordering::Relaxed)
         {
@@ -377,6 +419,7 @@ impl LockFree {
         finish: impl Fn(&BucketConfiguration) -> T,
     ) -> Result<(O::Output, T), OperationError> {
         let mut spare: Option<(usize, SlotRef<'_>)> = None;
+        let backoff = Backoff::new();
         let result = loop {
             let Some((cur, slot, config_index, config)) = self.load() else {
                 continue;
@@ -395,6 +438,8 @@ impl LockFree {
                         spare = None;
                         break Ok((plan.into_output(), finish(config)));
                     }
+                    // Lost the race: back off briefly so the winners' cache line settles.
+                    backoff.spin();
                 }
                 other => {
                     if self.still(cur) {
@@ -429,6 +474,7 @@ impl Storage for LockFree {
         F: Fn(&BucketConfiguration, &dyn Fn(usize) -> BandwidthState) -> Replacement,
     {
         let mut spare: Option<(usize, SlotRef<'_>)> = None;
+        let backoff = Backoff::new();
         let result = loop {
             let Some((cur, slot, _, config)) = self.load() else {
                 continue;
@@ -455,6 +501,7 @@ impl Storage for LockFree {
                         spare = None;
                         break Ok(());
                     }
+                    backoff.spin();
                 }
             }
         };
