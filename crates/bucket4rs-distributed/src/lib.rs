@@ -14,6 +14,8 @@
 //! - [`EmbeddedBackend`] (default): in-process, bounded memory, usable as a keyed limiter.
 //! - `RedisBackend` (feature `redis`): one round trip per operation, atomic under any number
 //!   of clients, exact despite Lua's doubles (see `docs/distributed.md`).
+//! - `PostgresBackend` (feature `postgres`): one statement per operation in the common case,
+//!   shipped schema and migration, expiry reaper (see `docs/distributed.md`).
 //! - [`format`]: the compact, versioned record; [`KeyPolicy`]: safe key names;
 //!   [`FailurePolicy`]: what to do when the backend is down.
 //!
@@ -37,6 +39,7 @@
 //! # Crate features
 //! - `redis`: the Redis backend (`redis` crate with tokio and its multiplexed connection
 //!   manager).
+//! - `postgres`: the PostgreSQL backend (`tokio-postgres` with a `deadpool-postgres` pool).
 #![forbid(unsafe_code)]
 #![cfg_attr(bucket4rs_docsrs, feature(doc_cfg))]
 
@@ -47,6 +50,8 @@ pub mod format;
 mod key;
 mod manager;
 mod policy;
+#[cfg(feature = "postgres")]
+mod postgres_backend;
 #[cfg(feature = "redis")]
 mod redis_backend;
 
@@ -59,5 +64,9 @@ pub use manager::{
     RetryPolicy, TimeSource, Verbose, VerboseRemoteBucket,
 };
 pub use policy::{Decision, FailurePolicy};
+#[cfg(feature = "postgres")]
+pub use postgres_backend::{
+    InvalidTableName, PostgresBackend, PostgresOptions, PostgresStats, Reaper,
+};
 #[cfg(feature = "redis")]
 pub use redis_backend::{RedisBackend, RedisOptions, RedisStats};
