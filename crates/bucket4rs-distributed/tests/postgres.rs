@@ -1,0 +1,772 @@
+//! The PostgreSQL backend against a real PostgreSQL (`BUCKET4RS_POSTGRES_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`). An unreachable PostgreSQL fails these tests
+//! loudly. Every test uses its own table and drops it at the end; the restart test runs its
+//! own throwaway server and never touches the shared one.
+#![cfg(feature = "postgres")]
+
+#[path = "it/common.rs"]
+#[allow(dead_code)] // shared with the `it` binary, which uses more of it
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bucket4rs_distributed::{
+    DistributedError, FormatError, PostgresBackend, PostgresOptions, ProxyManager, RemoteBucket,
+    TimeSource,
+};
+use bucket4rs_test::replay_all;
+
+use crate::common::{build, runtime, simple};
+
+fn url() -> String {
+    std::env::var("BUCKET4RS_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A name no other test (or earlier run) uses.
+fn unique_prefix(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("b4t-{test}-{}-{nanos}", std::process::id())
+}
+
+/// A table name no other test (or run) uses: `[a-z0-9_]`.
+fn unique_table(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("b4t_{test}_{}_{nanos}", std::process::id())
+}
+
+/// Drops its table when the test ends, also on panic.
+struct Table {
+    name: String,
+    url: String,
+}
+
+impl Table {
+    fn new(test: &str) -> Self {
+        Self {
+            name: unique_table(test),
+            url: url(),
+        }
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .args([
+                &self.url,
+                "-qc",
+                &format!("DROP TABLE IF EXISTS \"{}\"", self.name),
+            ])
+            .output();
+    }
+}
+
+async fn backend_with(table: &str, options: PostgresOptions, url: &str) -> PostgresBackend {
+    let options = options.table(table).expect("valid table name");
+    let backend = PostgresBackend::connect(url, options)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {url} is required for these tests: {e}"));
+    backend.migrate().await.expect("migrate");
+    backend
+}
+
+async fn backend(table: &Table) -> PostgresBackend {
+    backend_with(&table.name, PostgresOptions::default(), &url()).await
+}
+
+async fn raw_at(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {url} is required: {e}"));
+    tokio::spawn(conn);
+    client
+}
+
+async fn raw() -> tokio_postgres::Client {
+    raw_at(&url()).await
+}
+
+fn multi_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn every_trace_replays_through_postgres_with_a_manual_client_clock() {
+    let rt = runtime();
+    let table = Table::new("conformance");
+    let backend = rt.block_on(backend(&table));
+    let prefix = unique_prefix("conformance");
+    let mut n = 0;
+    let summary = replay_all("postgres", |config, clock| {
+        n += 1;
+        build(
+            &rt,
+            backend.clone(),
+            &prefix,
+            &format!("t{n}"),
+            config,
+            clock,
+        )
+    });
+    assert!(summary.steps > summary.traces);
+    let stats = backend.stats();
+    println!("postgres conformance stats: {stats:?}");
+    // A single client: every operation but the raw reads of the replayer is one statement.
+    assert_eq!(stats.conflicts, 0, "{stats:?}");
+}
+
+const CHILD_ENV: &str = "BUCKET4RS_TEST_PG_CHILD";
+
+#[test]
+fn four_processes_share_one_key_and_grant_exactly_its_tokens() {
+    let config = || simple(5_000, Duration::from_secs(1_000_000)); // no refill in the window
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        let mut parts = spec.split('|');
+        let (table, start_ms) = (parts.next().unwrap(), parts.next().unwrap());
+        let start_ms: u128 = start_ms.parse().unwrap();
+        let rt = multi_thread();
+        let (granted, stats) = rt.block_on(async {
+            let backend = backend_with(table, PostgresOptions::default(), &url()).await;
+            let manager = ProxyManager::configure(backend.clone()).build().unwrap();
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis();
+            if start_ms > now_ms {
+                tokio::time::sleep(Duration::from_millis((start_ms - now_ms) as u64)).await;
+            }
+            let mut tasks = Vec::new();
+            for _ in 0..4 {
+                let b = manager.builder().build("hot", config).unwrap();
+                tasks.push(tokio::spawn(async move {
+                    let mut n = 0u64;
+                    for _ in 0..1_000 {
+                        if b.try_consume(1).await.unwrap() {
+                            n += 1;
+                        }
+                    }
+                    n
+                }));
+            }
+            let mut total = 0;
+            for t in tasks {
+                total += t.await.unwrap();
+            }
+            (total, backend.stats())
+        });
+        println!("STATS {stats:?}");
+        println!("GRANTED {granted}");
+        return;
+    }
+    let table = Table::new("procs");
+    let rt = runtime();
+    let manager = rt.block_on(async {
+        ProxyManager::configure(backend(&table).await)
+            .build()
+            .unwrap()
+    });
+    let bucket = manager.builder().build("hot", config).unwrap();
+    assert_eq!(rt.block_on(bucket.available_tokens()).unwrap(), 5_000);
+    let start_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 1_000;
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            Command::new(&exe)
+                .args([
+                    "--exact",
+                    "four_processes_share_one_key_and_grant_exactly_its_tokens",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_ENV, format!("{}|{start_ms}", table.name))
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut total = 0;
+    let mut per_child = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "child failed: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        if let Some(stats) = text.lines().find(|l| l.starts_with("STATS ")) {
+            println!("{stats}");
+        }
+        let n: u64 = text
+            .lines()
+            .find_map(|l| l.split_once("GRANTED ").map(|(_, n)| n))
+            .unwrap_or_else(|| panic!("child printed no count: {text}"))
+            .trim()
+            .parse()
+            .unwrap();
+        per_child.push(n);
+        total += n;
+    }
+    println!("granted per process: {per_child:?}");
+    assert_eq!(total, 5_000, "per process: {per_child:?}");
+    assert_eq!(rt.block_on(bucket.available_tokens()).unwrap(), 0);
+}
+
+#[test]
+fn a_hundred_absent_keys_are_created_at_once_in_one_statement_each() {
+    let rt = multi_thread();
+    let table = Table::new("create");
+    rt.block_on(async {
+        let backend = backend(&table).await;
+        let manager = ProxyManager::new(backend.clone());
+        let barrier = Arc::new(tokio::sync::Barrier::new(100));
+        let mut tasks = Vec::new();
+        for k in 0..100 {
+            let b = manager
+                .builder()
+                .build(format!("k{k}"), || simple(10, Duration::from_secs(1_000)))
+                .unwrap();
+            let barrier = barrier.clone();
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                b.try_consume(1).await
+            }));
+        }
+        for t in tasks {
+            assert!(t.await.unwrap().expect("no surfaced error"));
+        }
+        let stats = backend.stats();
+        println!("creation stats: {stats:?}");
+        assert_eq!(stats.round_trips, 100, "{stats:?}");
+        assert_eq!(stats.one_round_trip, 100, "{stats:?}");
+        let n: i64 = raw()
+            .await
+            .query_one(&format!("SELECT count(*) FROM \"{}\"", table.name), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 100);
+
+        // 16 separate clients (own pools, own caches) create the SAME absent key at once.
+        let barrier = Arc::new(tokio::sync::Barrier::new(16));
+        let mut tasks = Vec::new();
+        for _ in 0..16 {
+            let manager = ProxyManager::new(
+                backend_with(
+                    &table.name,
+                    PostgresOptions::default().max_connections(1),
+                    &url(),
+                )
+                .await,
+            );
+            let barrier = barrier.clone();
+            tasks.push(tokio::spawn(async move {
+                let b = manager
+                    .builder()
+                    .build("same", || simple(100, Duration::from_secs(1_000_000)))
+                    .unwrap();
+                barrier.wait().await;
+                b.try_consume(1).await
+            }));
+        }
+        for t in tasks {
+            assert!(t.await.unwrap().expect("no surfaced error"));
+        }
+        let b = manager
+            .builder()
+            .build("same", || simple(100, Duration::from_secs(1_000_000)))
+            .unwrap();
+        assert_eq!(b.available_tokens().await.unwrap(), 84);
+    });
+}
+
+#[test]
+fn the_database_clock_costs_one_statement_per_operation() {
+    let rt = runtime();
+    let table = Table::new("dbclock");
+    rt.block_on(async {
+        let backend = backend(&table).await;
+        // The default time source is the backend's: PostgreSQL's clock_timestamp().
+        let manager = ProxyManager::new(backend.clone());
+        let b = manager
+            .builder()
+            .build("k", || simple(100, Duration::from_secs(1_000_000)))
+            .unwrap();
+        let mut granted = 0;
+        for _ in 0..200 {
+            if b.try_consume(1).await.unwrap() {
+                granted += 1;
+            }
+        }
+        assert_eq!(granted, 100);
+        let v = b.verbose().available_tokens().await.unwrap();
+        assert_eq!(v.value, 0);
+        let db_now: i64 = raw()
+            .await
+            .query_one(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::int8",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let behind = db_now - v.now_nanos;
+        assert!(
+            (0..50_000_000).contains(&behind),
+            "computed {behind} ns before the database clock"
+        );
+        let stats = backend.stats();
+        println!("database clock stats: {stats:?}");
+        assert!(stats.one_round_trip >= 195, "{stats:?}");
+    });
+}
+
+#[test]
+fn expires_at_is_full_again_plus_the_margin_and_migrate_is_idempotent() {
+    let rt = runtime();
+    let table = Table::new("ttl");
+    rt.block_on(async {
+        let backend = backend(&table).await;
+        backend.migrate().await.unwrap();
+        let (a, b) = tokio::join!(backend.migrate(), backend.migrate());
+        a.unwrap();
+        b.unwrap();
+        let manager = ProxyManager::configure(backend.clone())
+            .ttl_margin(Duration::from_millis(2_000))
+            .build()
+            .unwrap();
+        // 1 token per second: 3 consumed → full again after 3 s.
+        let b = manager
+            .builder()
+            .build("k", || simple(10, Duration::from_secs(10)))
+            .unwrap();
+        assert!(b.try_consume(3).await.unwrap());
+        let raw = raw().await;
+        let q = format!(
+            "SELECT (extract(epoch FROM expires_at - now()) * 1000)::int8 FROM \"{}\" WHERE key = $1",
+            table.name
+        );
+        let ms: i64 = raw
+            .query_one(&q, &[&b.key().as_str()])
+            .await
+            .unwrap()
+            .get(0);
+        assert!((4_900..=5_010).contains(&ms), "expires in {ms} ms");
+        b.replace_configuration(
+            simple(10, Duration::from_secs(100)),
+            bucket4rs_core::TokensInheritanceStrategy::AsIs,
+        )
+        .await
+        .unwrap();
+        let ms: i64 = raw
+            .query_one(&q, &[&b.key().as_str()])
+            .await
+            .unwrap()
+            .get(0);
+        // Less the refill since the first call (the database clock moved on).
+        assert!((31_000..=32_010).contains(&ms), "expires in {ms} ms");
+        assert!(manager.remove("k").await.unwrap());
+        assert!(!manager.remove("k").await.unwrap());
+        assert_eq!(b.available_tokens().await.unwrap(), 10);
+    });
+}
+
+#[test]
+fn the_reaper_deletes_expired_rows_and_never_a_live_one() {
+    let rt = runtime();
+    let table = Table::new("reaper");
+    rt.block_on(async {
+        let backend = backend(&table).await;
+        let manager = ProxyManager::configure(backend.clone())
+            .ttl_margin(Duration::ZERO)
+            .build()
+            .unwrap();
+        // 1 token per 10 ms: one consumed token → expires 10 ms later.
+        let short = || simple(10, Duration::from_millis(100));
+        let long = || simple(10, Duration::from_secs(1_000));
+        let expired = manager.builder().build("expired", short).unwrap();
+        let busy = manager.builder().build("busy", short).unwrap();
+        let live = manager.builder().build("live", long).unwrap();
+        for b in [&expired, &busy, &live] {
+            assert!(b.try_consume(1).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // "busy" expired too, but a writer is refilling it right now (row locked, new
+        // expiry not committed yet).
+        let mut writer = raw().await;
+        let t = &table.name;
+        let w = writer.transaction().await.unwrap();
+        w.execute(
+            &format!(
+                "UPDATE \"{t}\" SET expires_at = now() + interval '1 hour', version = version + 1 WHERE key = $1"
+            ),
+            &[&busy.key().as_str()],
+        )
+        .await
+        .unwrap();
+        assert_eq!(backend.reap_expired(100).await.unwrap(), 1);
+        w.commit().await.unwrap();
+        assert_eq!(backend.reap_expired(100).await.unwrap(), 0);
+        let rows = raw()
+            .await
+            .query(&format!("SELECT key FROM \"{t}\" ORDER BY key"), &[])
+            .await
+            .unwrap();
+        let keys: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        assert_eq!(
+            keys,
+            vec![busy.key().as_str().to_owned(), live.key().as_str().to_owned()]
+        );
+        // The reaped key is simply absent: next use starts full.
+        assert_eq!(expired.available_tokens().await.unwrap(), 10);
+        // The background reaper does the same.
+        let _reaper = backend.spawn_reaper(Duration::from_millis(20), 10);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(live.try_consume(1).await.unwrap());
+        assert!(backend.stats().reaped >= 2, "{:?}", backend.stats());
+        assert_eq!(live.available_tokens().await.unwrap(), 8);
+    });
+}
+
+#[test]
+fn corrupt_records_are_typed_errors_and_never_overwritten() {
+    let rt = runtime();
+    let table = Table::new("corrupt");
+    rt.block_on(async {
+        let manager = ProxyManager::new(backend(&table).await);
+        let b = manager
+            .builder()
+            .build("k", || simple(10, Duration::from_secs(10)))
+            .unwrap();
+        assert!(b.try_consume(1).await.unwrap());
+        let raw = raw().await;
+        let t = &table.name;
+        raw.execute(
+            &format!("UPDATE \"{t}\" SET state = 'not a bucket'::bytea, version = version + 1"),
+            &[],
+        )
+        .await
+        .unwrap();
+        assert!(matches!(
+            b.try_consume(1).await,
+            Err(DistributedError::Format(FormatError::BadMagic))
+        ));
+        let stored: Vec<u8> = raw
+            .query_one(&format!("SELECT state FROM \"{t}\""), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(stored, b"not a bucket");
+    });
+}
+
+#[test]
+fn hostile_table_names_are_rejected() {
+    for name in [
+        "",
+        "t; DROP TABLE users",
+        "t\"; DROP TABLE users; --",
+        "Robert'); DROP TABLE students;--",
+        "t--",
+        "a.b.c",
+        "UPPER",
+        "9lives",
+        "t\0",
+        "t\u{fe63}",
+        &"x".repeat(64),
+    ] {
+        assert!(
+            PostgresOptions::default().table(name).is_err(),
+            "{name:?} accepted"
+        );
+    }
+    assert!(
+        PostgresOptions::default()
+            .table("public.rate_limits")
+            .is_ok()
+    );
+    assert!(PostgresOptions::default().table(&"x".repeat(63)).is_ok());
+}
+
+#[test]
+fn a_lock_holder_blocks_callers_only_until_the_timeouts_and_termination_frees_the_key() {
+    let rt = multi_thread();
+    let table = Table::new("lock");
+    rt.block_on(async {
+        let backend = backend_with(
+            &table.name,
+            PostgresOptions::default().lock_timeout(Duration::from_millis(100)),
+            &url(),
+        )
+        .await;
+        let timeout = Duration::from_millis(600);
+        let manager = ProxyManager::configure(backend)
+            .timeout(timeout)
+            .build()
+            .unwrap();
+        let b = manager
+            .builder()
+            .build("k", || simple(100, Duration::from_secs(1_000_000)))
+            .unwrap();
+        let other = manager
+            .builder()
+            .build("other", || simple(100, Duration::from_secs(1_000_000)))
+            .unwrap();
+        assert!(b.try_consume(1).await.unwrap());
+        let mut holder = raw().await;
+        let pid: i32 = holder
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let hold = holder.transaction().await.unwrap();
+        hold.query(
+            &format!("SELECT 1 FROM \"{}\" WHERE key = $1 FOR UPDATE", table.name),
+            &[&b.key().as_str()],
+        )
+        .await
+        .unwrap();
+        for _ in 0..3 {
+            let t = Instant::now();
+            let r = b.try_consume(1).await;
+            let took = t.elapsed();
+            assert!(r.as_ref().is_err_and(|e| e.is_unavailable()), "{r:?}");
+            assert!(
+                took <= timeout + Duration::from_millis(200),
+                "took {took:?}"
+            );
+        }
+        // Other keys are not blocked.
+        let t = Instant::now();
+        assert!(other.try_consume(1).await.unwrap());
+        assert!(t.elapsed() < Duration::from_millis(200));
+        let killed: bool = raw()
+            .await
+            .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(killed);
+        drop(hold);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match b.try_consume(1).await {
+                Ok(r) => {
+                    assert!(r);
+                    break;
+                }
+                Err(e) => assert!(Instant::now() < deadline, "no recovery: {e}"),
+            }
+        }
+        // Nothing was granted twice or lost by the failed calls.
+        assert_eq!(b.available_tokens().await.unwrap(), 98);
+    });
+}
+
+/// A PostgreSQL of our own (never the shared one): initdb + pg_ctl as user postgres on a
+/// free loopback port in a temporary directory.
+struct OwnPostgres {
+    bin: PathBuf,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl OwnPostgres {
+    fn bin() -> PathBuf {
+        let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL server binaries under /usr/lib/postgresql are required")
+            .filter_map(|e| e.ok())
+            .map(|e| e.path().join("bin"))
+            .filter(|p| p.join("pg_ctl").exists())
+            .collect();
+        found.sort();
+        found.pop().expect("no /usr/lib/postgresql/*/bin/pg_ctl")
+    }
+
+    fn as_postgres(&self, tool: &str) -> Command {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(self.bin.join(tool));
+        c
+    }
+
+    fn init() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(unique_prefix("pg-own"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let me = Self {
+            bin: Self::bin(),
+            dir,
+            port,
+        };
+        let ok = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(&me.dir)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let out = me
+            .as_postgres("initdb")
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+            .arg(me.dir.join("data"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "initdb: {out:?}");
+        me
+    }
+
+    fn start(&self) {
+        let out = self
+            .as_postgres("pg_ctl")
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .arg("-l")
+            .arg(self.dir.join("log"))
+            .args(["-w", "-o"])
+            .arg(format!(
+                "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off",
+                self.port,
+                self.dir.display()
+            ))
+            .arg("start")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "pg_ctl start: {out:?}");
+    }
+
+    fn stop(&self, mode: &str) {
+        let _ = self
+            .as_postgres("pg_ctl")
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", mode, "-w", "stop"])
+            .output();
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        self.stop("immediate");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn a_server_restart_errors_within_the_timeout_then_recovers_without_granting_twice() {
+    let server = OwnPostgres::init();
+    server.start();
+    let rt = multi_thread();
+    let timeout = Duration::from_millis(500);
+    rt.block_on(async {
+        let backend = backend_with(
+            "restart",
+            PostgresOptions::default()
+                .connect_timeout(Duration::from_millis(200))
+                .wait_timeout(Duration::from_millis(200))
+                .statement_timeout(Duration::from_millis(300)),
+            &server.url(),
+        )
+        .await;
+        let manager = ProxyManager::configure(backend)
+            .timeout(timeout)
+            .build()
+            .unwrap();
+        let b = manager
+            .builder()
+            .build("k", || simple(100, Duration::from_secs(1_000_000)))
+            .unwrap();
+        let mut granted = 0;
+        for _ in 0..40 {
+            assert!(b.try_consume(1).await.unwrap());
+            granted += 1;
+        }
+        server.stop("immediate");
+        for _ in 0..5 {
+            let t = Instant::now();
+            let r = b.try_consume(1).await;
+            let took = t.elapsed();
+            assert!(r.as_ref().is_err_and(|e| e.is_unavailable()), "{r:?}");
+            assert!(
+                took <= timeout + Duration::from_millis(150),
+                "took {took:?}"
+            );
+        }
+        server.start();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            match b.try_consume(1).await {
+                Ok(true) => {
+                    granted += 1;
+                    break;
+                }
+                Ok(false) => panic!("tokens lost"),
+                Err(e) => assert!(Instant::now() < deadline, "no recovery: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        while b.try_consume(1).await.unwrap() {
+            granted += 1;
+        }
+        assert_eq!(granted, 100, "a token was granted twice or lost");
+    });
+}
+
+#[test]
+fn an_unreachable_postgres_is_a_typed_error_within_the_timeout() {
+    let rt = runtime();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let t = Instant::now();
+    let r = rt.block_on(PostgresBackend::connect(
+        &format!("postgres://postgres@127.0.0.1:{port}/test"),
+        PostgresOptions::default().connect_timeout(Duration::from_millis(100)),
+    ));
+    assert!(r.is_err());
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
+
+#[test]
+fn the_blocking_form_works_from_a_plain_thread() {
+    let rt = multi_thread();
+    let table = Table::new("blocking");
+    let backend = rt.block_on(backend(&table));
+    let manager = ProxyManager::configure(backend)
+        .time_source(TimeSource::client(bucket4rs_core::SystemNanosClock))
+        .build()
+        .unwrap();
+    let b: RemoteBucket<PostgresBackend> = manager
+        .builder()
+        .build("k", || simple(5, Duration::from_secs(1_000)))
+        .unwrap();
+    let blocking = b.blocking(rt.handle().clone());
+    let granted =
+        std::thread::spawn(move || (0..10).filter(|_| blocking.try_consume(1).unwrap()).count())
+            .join()
+            .unwrap();
+    assert_eq!(granted, 5);
+    assert!(rt.block_on(b.raw_record()).unwrap().is_some());
+}
