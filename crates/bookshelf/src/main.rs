@@ -1,0 +1,70 @@
+//! `cargo run --release -p bookshelf`: the Bookshelf API on 127.0.0.1:8080.
+
+use std::process::ExitCode;
+
+use bookshelf::{Args, Store};
+use bucket4rs_distributed::{EmbeddedBackend, ProxyManager, RedisBackend, RedisOptions};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bookshelf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let args = Args::parse(std::env::args().skip(1)).map_err(|e| e.to_string())?;
+    if args.help {
+        print!("{}", bookshelf::USAGE);
+        return Ok(());
+    }
+    let plans = bookshelf::load_plans(args.plans.as_deref())?;
+    let (app, store) = if args.no_limit {
+        (bookshelf::routes(), "none (--no-limit)".to_owned())
+    } else {
+        match &args.store {
+            Store::Embedded => {
+                let backend = EmbeddedBackend::new().with_max_keys(args.max_keys);
+                let manager = ProxyManager::configure(backend)
+                    .key_prefix(&args.key_prefix)
+                    .build()
+                    .map_err(|e| format!("--key-prefix: {e}"))?;
+                (bookshelf::app(manager, plans), "in-process".to_owned())
+            }
+            Store::Redis(url) => {
+                let backend = RedisBackend::connect(url, RedisOptions::default())
+                    .await
+                    .map_err(|e| format!("--redis {url}: {e}"))?;
+                let manager = ProxyManager::configure(backend)
+                    .key_prefix(&args.key_prefix)
+                    .build()
+                    .map_err(|e| format!("--key-prefix: {e}"))?;
+                (bookshelf::app(manager, plans), format!("Redis at {url}"))
+            }
+            Store::Postgres(_) => {
+                return Err("--postgres: this build has no PostgreSQL backend yet \
+                            (bucket4rs-distributed's `postgres` feature is not released); \
+                            use --redis URL to share limits between instances"
+                    .to_owned());
+            }
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(args.addr)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("Bookshelf API listening on http://{addr} (buckets: {store})");
+    println!("Try:");
+    println!("  curl -i -H 'X-API-Key: free-demo-key' http://{addr}/books/9781593278281");
+    println!("  curl -i -H 'X-API-Key: pro-demo-key' 'http://{addr}/books/search?q=rust'");
+    println!("Ctrl-C to stop.");
+    bookshelf::serve(listener, app, bookshelf::shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())?;
+    println!("Bookshelf API stopped.");
+    Ok(())
+}

@@ -1,0 +1,322 @@
+//! End-to-end tests: the Bookshelf server on a loopback port, a real HTTP client.
+
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bucket4rs_distributed::{Backend, EmbeddedBackend, ProxyManager, RedisBackend, RedisOptions};
+use reqwest::StatusCode;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+struct Server {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    async fn start<B: Backend>(manager: ProxyManager<B>) -> Self {
+        let plans = bookshelf::load_plans(None).expect("the shipped plans file is valid");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel();
+        let app = bookshelf::app(manager, plans);
+        let task = tokio::spawn(bookshelf::serve(listener, app, async {
+            let _ = rx.await;
+        }));
+        Self {
+            addr,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    async fn embedded() -> Self {
+        Self::start(ProxyManager::new(EmbeddedBackend::new())).await
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("graceful shutdown within 10 s")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+async fn get(client: &reqwest::Client, url: &str, key: Option<&str>) -> reqwest::Response {
+    let mut r = client.get(url);
+    if let Some(k) = key {
+        r = r.header("x-api-key", k);
+    }
+    r.send().await.unwrap()
+}
+
+/// `RateLimit` / `RateLimit-Policy` parsed as structured-field lists: (name, params).
+fn sf_list(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
+    let list = sfv::Parser::new(value)
+        .parse_list()
+        .unwrap_or_else(|e| panic!("{value:?} is not a structured-field list: {e}"));
+    list.into_iter()
+        .map(|entry| match entry {
+            sfv::ListEntry::Item(item) => {
+                let name = item
+                    .bare_item
+                    .as_string()
+                    .expect("policy names are sf-strings")
+                    .as_str()
+                    .to_owned();
+                let params = item
+                    .params
+                    .iter()
+                    .map(|(k, v)| {
+                        let n = v.as_integer().expect("parameters are sf-integers");
+                        (k.as_str().to_owned(), i64::from(n))
+                    })
+                    .collect();
+                (name, params)
+            }
+            sfv::ListEntry::InnerList(_) => panic!("unexpected inner list in {value:?}"),
+        })
+        .collect()
+}
+
+fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
+    r.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} header"))
+        .to_str()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn free_key_gets_20_lookups_then_429_with_retry_after_3() {
+    let server = Server::embedded().await;
+    let client = reqwest::Client::new();
+    let url = server.url("/books/9781593278281");
+    for i in 1..=20 {
+        let r = get(&client, &url, Some("free-demo-key")).await;
+        assert_eq!(r.status(), StatusCode::OK, "lookup {i}");
+        assert_eq!(
+            sf_list(header(&r, "ratelimit-policy")),
+            vec![(
+                "burst".to_owned(),
+                vec![("q".to_owned(), 20), ("w".to_owned(), 60)]
+            )]
+        );
+        let rl = sf_list(header(&r, "ratelimit"));
+        assert_eq!(rl[0].0, "burst");
+        assert_eq!(rl[0].1[0], ("r".to_owned(), 20 - i));
+        let book: serde_json::Value = r.json_body().await;
+        assert_eq!(book["title"], "The Rust Programming Language");
+    }
+    let r = get(&client, &url, Some("free-demo-key")).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "retry-after"), "3");
+    assert_eq!(header(&r, "content-type"), "application/problem+json");
+    let rl = sf_list(header(&r, "ratelimit"));
+    assert_eq!(
+        rl,
+        vec![(
+            "burst".to_owned(),
+            vec![("r".to_owned(), 0), ("t".to_owned(), 3)]
+        )]
+    );
+    let problem: serde_json::Value = r.json_body().await;
+    assert_eq!(problem["type"], "about:blank");
+    assert_eq!(problem["title"], "Too Many Requests");
+    assert_eq!(problem["status"], 429);
+    assert_eq!(problem["retry_after"], 3);
+    assert_eq!(problem["plan"], "free");
+    assert_eq!(problem["cost"], 1);
+    assert!(problem["detail"].as_str().unwrap().contains("free"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn free_key_gets_4_searches_then_429() {
+    let server = Server::embedded().await;
+    let client = reqwest::Client::new();
+    let url = server.url("/books/search?q=design");
+    for i in 0..4 {
+        let r = get(&client, &url, Some("free-demo-key")).await;
+        assert_eq!(r.status(), StatusCode::OK, "search {i}");
+        let hits: serde_json::Value = r.json_body().await;
+        assert_eq!(hits.as_array().unwrap().len(), 4);
+    }
+    let r = get(&client, &url, Some("free-demo-key")).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Five tokens at one per 3 s: 15 s (a little less has elapsed, rounded up).
+    assert_eq!(header(&r, "retry-after"), "15");
+    let problem: serde_json::Value = r.json_body().await;
+    assert_eq!(problem["cost"], 5);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pro_key_gets_200_lookups() {
+    let server = Server::embedded().await;
+    let client = reqwest::Client::new();
+    let url = server.url("/books/9780132350884");
+    let start = std::time::Instant::now();
+    for i in 0..200 {
+        let r = get(&client, &url, Some("pro-demo-key")).await;
+        assert_eq!(r.status(), StatusCode::OK, "lookup {i}");
+    }
+    // Pro refills 200 per minute (one token per 0.3 s), so a few more may pass while the
+    // 200 run; then the bucket is dry.
+    let mut extra = 0u32;
+    let r = loop {
+        let r = get(&client, &url, Some("pro-demo-key")).await;
+        if r.status() != StatusCode::OK {
+            break r;
+        }
+        extra += 1;
+        assert!(extra < 1_000, "the pro limit never applied");
+    };
+    let refilled = start.elapsed().as_secs_f64() / 0.3;
+    assert!(
+        f64::from(extra) <= refilled.ceil(),
+        "{extra} extra lookups in {:?}",
+        start.elapsed()
+    );
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        sf_list(header(&r, "ratelimit-policy")),
+        vec![(
+            "burst".to_owned(),
+            vec![("q".to_owned(), 200), ("w".to_owned(), 60)]
+        )]
+    );
+    // The free key has its own bucket.
+    let r = get(&client, &url, Some("free-demo-key")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_or_missing_key_is_401_and_unknown_books_404() {
+    let server = Server::embedded().await;
+    let client = reqwest::Client::new();
+    let url = server.url("/books/9781593278281");
+    for key in [Some("stolen-key"), None] {
+        let r = get(&client, &url, key).await;
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(header(&r, "content-type"), "application/problem+json");
+        let problem: serde_json::Value = r.json_body().await;
+        assert_eq!(problem["status"], 401);
+        assert_eq!(problem["title"], "Unauthorized");
+    }
+    let r = get(
+        &client,
+        &server.url("/books/0000000000000"),
+        Some("free-demo-key"),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    // The 404 still cost a token and says so.
+    assert_eq!(
+        sf_list(header(&r, "ratelimit"))[0].1[0],
+        ("r".to_owned(), 19)
+    );
+    server.stop().await;
+}
+
+fn redis_url() -> String {
+    std::env::var("BUCKET4RS_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+async fn redis_manager(prefix: &str) -> ProxyManager<RedisBackend> {
+    let url = redis_url();
+    let backend = RedisBackend::connect(&url, RedisOptions::default())
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "Redis must be reachable at {url} (set BUCKET4RS_REDIS_URL; .ci/run starts it): {e}"
+            )
+        });
+    ProxyManager::configure(backend)
+        .key_prefix(prefix)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sharing_redis_share_one_limit() {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let prefix = format!("bookshelf-test-{}-{nanos}", std::process::id());
+    let a = Server::start(redis_manager(&prefix).await).await;
+    let b = Server::start(redis_manager(&prefix).await).await;
+    let client = reqwest::Client::new();
+    let path = "/books/9781449373320";
+    for i in 0..20 {
+        let server = if i % 2 == 0 { &a } else { &b };
+        let r = get(&client, &server.url(path), Some("free-demo-key")).await;
+        assert_eq!(r.status(), StatusCode::OK, "lookup {i}");
+        assert_eq!(
+            sf_list(header(&r, "ratelimit"))[0].1[0],
+            ("r".to_owned(), 19 - i)
+        );
+    }
+    for server in [&a, &b] {
+        let r = get(&client, &server.url(path), Some("free-demo-key")).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(header(&r, "retry-after"), "3");
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+#[test]
+fn the_binary_explains_its_errors() {
+    let bin = env!("CARGO_BIN_EXE_bookshelf");
+    let run = |args: &[&str]| std::process::Command::new(bin).args(args).output().unwrap();
+
+    let out = run(&["--help"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--redis URL"));
+
+    let out = run(&["--postgres", "postgres://127.0.0.1/none"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--postgres"));
+
+    let dir = std::env::temp_dir().join(format!("bookshelf-it-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plans = dir.join("plans.toml");
+    std::fs::write(
+        &plans,
+        "[plans.free]\nlimits = [{ capacity = 20, refill = 20, period = \"1 fortnight\" }]\n",
+    )
+    .unwrap();
+    let out = run(&["--plans", plans.to_str().unwrap(), "--addr", "127.0.0.1:0"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(r#"plans.free.limits[0].period: "1 fortnight" is not a duration"#),
+        "{stderr}"
+    );
+    let out = run(&["--frobnicate"]);
+    assert!(!out.status.success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+trait JsonBody {
+    async fn json_body(self) -> serde_json::Value;
+}
+
+impl JsonBody for reqwest::Response {
+    async fn json_body(self) -> serde_json::Value {
+        let text = self.text().await.unwrap();
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?} is not JSON: {e}"))
+    }
+}
