@@ -26,10 +26,9 @@ const ALLOWED_CORE_DIRECT: [&str; 2] = ["serde", "strength_reduce"];
 /// The only workspace crate allowed to depend on loom (through its private `primitive` module).
 const LOOM_USER: &str = "bucket4rs-local";
 
-/// Hook for `cargo xtask bench --quick` in `ci`. The bench command does not exist yet; whoever
-/// adds it writes `fn run(sh: &Shell, quick: bool) -> Result<()>` in a `bench` module, adds
-/// `cmd bench { optional --quick }` to `flags.rs`, and sets this to `Some(bench::run)`.
-const BENCH: Option<fn(&Shell, bool) -> Result<()>> = None;
+/// Hook for `cargo xtask bench --quick` in `ci` (the smoke run: every benchmark briefly, and
+/// the report written, so a broken benchmark or report fails CI; no timing is asserted).
+const BENCH: Option<fn(&Shell, bool) -> Result<()>> = Some(crate::bench::run);
 
 /// `cargo xtask test`: makes sure the services are up, then runs every test of the workspace.
 pub(crate) fn test(sh: &Shell) -> Result<()> {

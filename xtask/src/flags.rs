@@ -16,7 +16,17 @@ xflags::xflags! {
         cmd check-deps {}
         /// Check workspace conventions (lints inheritance, changelogs, test hygiene, traces).
         cmd tidy {}
-        // Hook for the bench engineer: add `cmd bench { optional --quick }` here, a `bench`
-        // module, and set `ci::BENCH` so that `cargo xtask ci` runs `bench --quick`.
+        /// Run the criterion benchmarks and the memory figures, then write
+        /// `target/bench-report/index.html` and `report.md` (honours CARGO_TARGET_DIR).
+        cmd bench {
+            /// Smoke mode for CI: every benchmark briefly (under two minutes once built).
+            optional --quick
+            /// Do not run anything: rebuild the report from the last run's criterion data.
+            optional --report-only
+            /// Also replace the figures section of docs/benchmarks.md (full runs only).
+            optional --update-docs
+            /// Only benchmarks whose id matches this criterion filter (regex).
+            optional --filter filter: String
+        }
     }
 }

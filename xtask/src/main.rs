@@ -3,6 +3,7 @@
 //! Every task runs from the workspace root, whatever the current directory. Each command it
 //! runs is echoed first, so the log says what was done.
 
+mod bench;
 mod ci;
 mod flags;
 mod services;
@@ -27,6 +28,15 @@ fn run(flags: flags::Xtask) -> Result<()> {
     match flags.subcommand {
         flags::XtaskCmd::Test(_) => ci::test(&sh),
         flags::XtaskCmd::Ci(_) => ci::ci(&sh),
+        flags::XtaskCmd::Bench(b) => bench::run_with(
+            &sh,
+            &bench::Options {
+                quick: b.quick,
+                report_only: b.report_only,
+                update_docs: b.update_docs,
+                filter: b.filter,
+            },
+        ),
         flags::XtaskCmd::Loom(_) => ci::loom(&sh),
         flags::XtaskCmd::CheckDeps(_) => ci::check_deps(&sh),
         flags::XtaskCmd::Tidy(_) => {
