@@ -1,8 +1,9 @@
 //! Keyed limiters: one bucket per key, the keys visited round-robin. governor's
 //! `DefaultKeyedRateLimiter` (dashmap) next to bucket4rs-distributed's embedded backend (also
 //! dashmap, through the async `ProxyManager`, polled in place as an `.await` would), and the
-//! Redis backend when built with `--features redis` and Redis answers. There is no PostgreSQL
-//! backend in bucket4rs-distributed yet; the benchmark says so instead of failing.
+//! Redis and PostgreSQL backends when built with `--features redis,postgres` and the server
+//! answers (`BUCKET4RS_REDIS_URL`, `BUCKET4RS_POSTGRES_URL`); otherwise the run notes why
+//! they were skipped instead of failing.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -20,7 +21,7 @@ pub(crate) fn bench(c: &mut Criterion) {
     governor_keyed(&mut g);
     embedded(&mut g);
     redis(&mut g);
-    note("keyed: PostgreSQL backend skipped: bucket4rs-distributed has no PostgreSQL backend yet");
+    postgres(&mut g);
     g.finish();
 }
 
@@ -94,22 +95,60 @@ fn redis(g: &mut BenchmarkGroup<'_, WallTime>) {
         std::env::var("BUCKET4RS_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let rt = current_thread();
     let options = RedisOptions::default().connect_timeout(Duration::from_secs(2));
-    let backend = match rt.block_on(RedisBackend::connect(&url, options)) {
+    match rt.block_on(RedisBackend::connect(&url, options)) {
+        Ok(backend) => remote(g, "redis", &rt, backend),
+        Err(e) => note(&format!(
+            "keyed: Redis backend skipped: {url} unreachable: {e}"
+        )),
+    }
+}
+
+#[cfg(not(feature = "postgres"))]
+fn postgres(_: &mut BenchmarkGroup<'_, WallTime>) {
+    note("keyed: PostgreSQL backend skipped: built without `--features postgres`");
+}
+
+#[cfg(feature = "postgres")]
+fn postgres(g: &mut BenchmarkGroup<'_, WallTime>) {
+    use bucket4rs_distributed::{PostgresBackend, PostgresOptions};
+    use std::time::Duration;
+
+    let url = std::env::var("BUCKET4RS_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let rt = current_thread();
+    let options = match PostgresOptions::default().table("bucket4rs_bench") {
+        Ok(o) => o.connect_timeout(Duration::from_secs(2)),
+        Err(e) => return note(&format!("keyed: PostgreSQL backend skipped: {e}")),
+    };
+    let backend = match rt.block_on(PostgresBackend::connect(&url, options)) {
         Ok(b) => b,
         Err(e) => {
-            note(&format!(
-                "keyed: Redis backend skipped: {url} unreachable: {e}"
+            return note(&format!(
+                "keyed: PostgreSQL backend skipped: {url} unreachable: {e}"
             ));
-            return;
         }
     };
+    if let Err(e) = rt.block_on(backend.migrate()) {
+        return note(&format!(
+            "keyed: PostgreSQL backend skipped: migration: {e}"
+        ));
+    }
+    remote(g, "postgres", &rt, backend);
+}
+
+/// One call at a time through `block_on` on a current-thread runtime: one round trip each.
+/// The keys are removed afterwards.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+fn remote<B: bucket4rs_distributed::Backend>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    rt: &tokio::runtime::Runtime,
+    backend: B,
+) {
     let prefix = format!("bucket4rs-bench-{}", std::process::id());
     let manager = match ProxyManager::configure(backend).key_prefix(prefix).build() {
         Ok(m) => m,
-        Err(e) => {
-            note(&format!("keyed: Redis backend skipped: manager: {e}"));
-            return;
-        }
+        Err(e) => return note(&format!("keyed: {name} backend skipped: manager: {e}")),
     };
     for n in KEYS {
         let all = buckets(&manager, n);
@@ -117,10 +156,10 @@ fn redis(g: &mut BenchmarkGroup<'_, WallTime>) {
             .iter()
             .try_for_each(|b| rt.block_on(b.try_consume(1)).map(drop))
         {
-            note(&format!("keyed: Redis backend skipped: {e}"));
-            return;
+            note(&format!("keyed: {name} backend skipped: {e}"));
+            break;
         }
-        g.bench_with_input(BenchmarkId::new("redis", n), &n, |bn, &n| {
+        g.bench_with_input(BenchmarkId::new(name, n), &n, |bn, &n| {
             let mut i = 0;
             bn.iter(|| {
                 i = if i + 1 == n { 0 } else { i + 1 };

@@ -48,9 +48,9 @@ const QUICK_ARGS: [&str; 9] = [
 /// Criterion settings of a full run: 1 s of warm-up, then 100 samples over 3 s.
 const FULL_ARGS: [&str; 5] = ["--warm-up-time", "1", "--measurement-time", "3", "--noplot"];
 
-/// The features the benchmarks are built with: the Redis backend is measured when Redis
-/// answers, and skipped with a note when it does not.
-const FEATURES: &str = "redis";
+/// The features the benchmarks are built with: the Redis and PostgreSQL backends are
+/// measured when their servers answer, and skipped with a note when they do not.
+const FEATURES: &str = "redis,postgres";
 
 /// The hook `cargo xtask ci` calls (`ci::BENCH`).
 pub(crate) fn run(sh: &Shell, quick: bool) -> Result<()> {
@@ -332,24 +332,12 @@ impl Machine {
         let rustc = cmd!(sh, "rustc --version")
             .read()
             .unwrap_or_else(|_| "unknown".into());
-        let commit = cmd!(sh, "git rev-parse --short HEAD")
-            .quiet()
-            .ignore_stderr()
-            .read()
-            .map_or_else(
-                |_| "unknown (not a git checkout)".to_owned(),
-                |c| {
-                    let dirty = cmd!(sh, "git status --porcelain --untracked-files=no")
-                        .quiet()
-                        .read()
-                        .is_ok_and(|s| !s.trim().is_empty());
-                    if dirty {
-                        format!("{c} + uncommitted changes")
-                    } else {
-                        c
-                    }
-                },
-            );
+        // A snapshot outside git (e.g. `git archive HEAD`) can name its commit.
+        let commit = std::env::var("BUCKET4RS_BENCH_COMMIT")
+            .ok()
+            .filter(|c| !c.is_empty());
+        let commit = commit.map_or_else(|| git_commit(sh), Ok::<String, ()>);
+        let commit = commit.unwrap_or_else(|()| "unknown (not a git checkout)".to_owned());
         let date = cmd!(sh, "date -u +%Y-%m-%dT%H:%MZ")
             .quiet()
             .read()
@@ -367,6 +355,24 @@ impl Machine {
             load,
         }
     }
+}
+
+/// The short commit, marked when tracked files have uncommitted changes.
+fn git_commit(sh: &Shell) -> Result<String, ()> {
+    let c = cmd!(sh, "git rev-parse --short HEAD")
+        .quiet()
+        .ignore_stderr()
+        .read()
+        .map_err(drop)?;
+    let dirty = cmd!(sh, "git status --porcelain --untracked-files=no")
+        .quiet()
+        .read()
+        .is_ok_and(|s| !s.trim().is_empty());
+    Ok(if dirty {
+        format!("{c} + uncommitted changes")
+    } else {
+        c
+    })
 }
 
 fn load_average() -> String {

@@ -444,7 +444,7 @@ pub(crate) fn html(data: &Data) -> Result<String> {
         ("contention/rejection", Metric::Ns),
         ("contention/rejection", Metric::Mops),
     ] {
-        if let Some(svg) = thread_chart(rows, group, metric)? {
+        if let Some(svg) = thread_chart(rows, group, metric, data.machine.cores)? {
             h.push_str(&svg);
         }
     }
@@ -548,7 +548,7 @@ fn plot_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
 }
 
 /// A line per contender: ns/op or Mops/s against threads.
-fn thread_chart(rows: &[Row], group: &str, metric: Metric) -> Result<Option<String>> {
+fn thread_chart(rows: &[Row], group: &str, metric: Metric, cores: usize) -> Result<Option<String>> {
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for r in rows.iter().filter(|r| r.group == group) {
         let (Some(x), Some(y)) = (
@@ -593,7 +593,7 @@ fn thread_chart(rows: &[Row], group: &str, metric: Metric) -> Result<Option<Stri
             .map_err(plot_err)?;
         chart
             .configure_mesh()
-            .x_desc("threads (>2 oversubscribed)")
+            .x_desc(format!("threads (>{cores} oversubscribed)"))
             .y_desc(ylabel)
             .x_labels(9)
             .x_label_formatter(&|x| format!("{x:.0}"))
