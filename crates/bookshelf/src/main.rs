@@ -1,9 +1,12 @@
 //! `cargo run --release -p bookshelf`: the Bookshelf API on 127.0.0.1:8080.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use bookshelf::{Args, Store};
-use bucket4rs_distributed::{EmbeddedBackend, ProxyManager, RedisBackend, RedisOptions};
+use bucket4rs_distributed::{
+    EmbeddedBackend, PostgresBackend, PostgresOptions, ProxyManager, RedisBackend, RedisOptions,
+};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -23,6 +26,7 @@ async fn run() -> Result<(), String> {
         return Ok(());
     }
     let plans = bookshelf::load_plans(args.plans.as_deref())?;
+    let mut reaper = None;
     let (app, store) = if args.no_limit {
         (bookshelf::routes(), "none (--no-limit)".to_owned())
     } else {
@@ -45,11 +49,25 @@ async fn run() -> Result<(), String> {
                     .map_err(|e| format!("--key-prefix: {e}"))?;
                 (bookshelf::app(manager, plans), format!("Redis at {url}"))
             }
-            Store::Postgres(_) => {
-                return Err("--postgres: this build has no PostgreSQL backend yet \
-                            (bucket4rs-distributed's `postgres` feature is not released); \
-                            use --redis URL to share limits between instances"
-                    .to_owned());
+            Store::Postgres(url) => {
+                let backend = PostgresBackend::connect(url, PostgresOptions::default())
+                    .await
+                    .map_err(|e| format!("--postgres {url}: {e}"))?;
+                backend
+                    .migrate()
+                    .await
+                    .map_err(|e| format!("--postgres {url}: creating the bucket table: {e}"))?;
+                // Expired rows are invisible at once; the reaper deletes them until the
+                // server stops.
+                reaper = Some(backend.spawn_reaper(Duration::from_secs(30), 1_000));
+                let manager = ProxyManager::configure(backend)
+                    .key_prefix(&args.key_prefix)
+                    .build()
+                    .map_err(|e| format!("--key-prefix: {e}"))?;
+                (
+                    bookshelf::app(manager, plans),
+                    format!("PostgreSQL at {url}"),
+                )
             }
         }
     };
@@ -65,6 +83,7 @@ async fn run() -> Result<(), String> {
     bookshelf::serve(listener, app, bookshelf::shutdown_signal())
         .await
         .map_err(|e| e.to_string())?;
+    drop(reaper);
     println!("Bookshelf API stopped.");
     Ok(())
 }

@@ -3,7 +3,10 @@
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bucket4rs_distributed::{Backend, EmbeddedBackend, ProxyManager, RedisBackend, RedisOptions};
+use bucket4rs_distributed::{
+    Backend, EmbeddedBackend, PostgresBackend, PostgresOptions, ProxyManager, RedisBackend,
+    RedisOptions,
+};
 use reqwest::StatusCode;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -248,15 +251,50 @@ async fn redis_manager(prefix: &str) -> ProxyManager<RedisBackend> {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_sharing_redis_share_one_limit() {
+fn unique_prefix() -> String {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    let prefix = format!("bookshelf-test-{}-{nanos}", std::process::id());
+    format!("bookshelf-test-{}-{nanos}", std::process::id())
+}
+
+fn postgres_url() -> String {
+    std::env::var("BUCKET4RS_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+async fn postgres_manager(prefix: &str) -> ProxyManager<PostgresBackend> {
+    let url = postgres_url();
+    let backend = PostgresBackend::connect(&url, PostgresOptions::default())
+        .await
+        .unwrap_or_else(|e| {
+            panic!("PostgreSQL must be reachable at {url} (set BUCKET4RS_POSTGRES_URL; .ci/run starts it): {e}")
+        });
+    backend.migrate().await.unwrap();
+    ProxyManager::configure(backend)
+        .key_prefix(prefix)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sharing_postgres_share_one_limit() {
+    let prefix = unique_prefix();
+    let a = Server::start(postgres_manager(&prefix).await).await;
+    let b = Server::start(postgres_manager(&prefix).await).await;
+    shares_one_limit(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sharing_redis_share_one_limit() {
+    let prefix = unique_prefix();
     let a = Server::start(redis_manager(&prefix).await).await;
     let b = Server::start(redis_manager(&prefix).await).await;
+    shares_one_limit(a, b).await;
+}
+
+async fn shares_one_limit(a: Server, b: Server) {
     let client = reqwest::Client::new();
     let path = "/books/9781449373320";
     for i in 0..20 {
@@ -286,9 +324,9 @@ fn the_binary_explains_its_errors() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("--redis URL"));
 
-    let out = run(&["--postgres", "postgres://127.0.0.1/none"]);
+    let out = run(&["--redis", "redis://127.0.0.1:1/"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--postgres"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--redis redis://127.0.0.1:1/"));
 
     let dir = std::env::temp_dir().join(format!("bookshelf-it-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
