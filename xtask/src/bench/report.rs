@@ -187,6 +187,7 @@ fn groups(rows: &[Row]) -> Vec<&str> {
         "contention/success",
         "contention/rejection",
         "keyed/try_consume",
+        "keyed_remote/try_consume",
         "memory/build",
     ];
     let mut gs: Vec<&str> = order
