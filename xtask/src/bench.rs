@@ -399,3 +399,6 @@ fn update_docs(section: &str) -> Result<()> {
     fs::write(&path, new)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
