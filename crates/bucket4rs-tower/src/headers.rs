@@ -11,7 +11,8 @@ use http::{HeaderName, HeaderValue};
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit`: the current state of each quota policy.
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-/// `X-Rate-Limit-Remaining`: tokens left over all bandwidths (Bucket4j's examples' header).
+/// `X-Rate-Limit-Remaining`: tokens left over all bandwidths (the header of Bucket4j's
+/// examples; opt in with `RateLimitLayerBuilder::remaining_header`).
 pub const X_RATE_LIMIT_REMAINING: HeaderName = HeaderName::from_static("x-rate-limit-remaining");
 
 /// The largest structured-field integer (RFC 9651: 15 decimal digits).
@@ -125,6 +126,23 @@ pub(crate) fn policy_header(quotas: &[Quota]) -> HeaderValue {
     HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
+/// Appends a decimal number without the formatting machinery (hot path).
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &b in &buf[i..] {
+        out.push(char::from(b));
+    }
+}
+
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(nanos: u64) -> u64 {
     nanos.div_ceil(NANOS_PER_SEC)
@@ -143,7 +161,7 @@ pub(crate) fn ratelimit_header(
     if quotas.len() != states.len() || singles.len() != states.len() {
         return None;
     }
-    let mut s = String::with_capacity(24 * quotas.len());
+    let mut s = String::with_capacity(40 * quotas.len());
     for (i, (q, single)) in quotas.iter().zip(singles).enumerate() {
         let view = Refilled::new(single, now, |_| states[i]);
         let remaining = u64::try_from(view.get(0).tokens())
@@ -155,7 +173,10 @@ pub(crate) fn ratelimit_header(
             s.push_str(", ");
         }
         q.write_name(&mut s);
-        let _ = write!(s, ";r={remaining};t={t}");
+        s.push_str(";r=");
+        push_u64(&mut s, remaining);
+        s.push_str(";t=");
+        push_u64(&mut s, t);
     }
-    HeaderValue::try_from(s).ok()
+    HeaderValue::from_str(&s).ok()
 }

@@ -42,6 +42,7 @@ struct Shared<B> {
     unreachable: ProxyManager<Unreachable>,
     missing_key: StatusCode,
     unknown_key: StatusCode,
+    remaining_header: bool,
 }
 
 /// A backend that is always unavailable (see `Shared::unreachable`).
@@ -100,6 +101,7 @@ pub struct RateLimitLayerBuilder<B> {
     failure: FailurePolicy,
     missing_key: StatusCode,
     unknown_key: StatusCode,
+    remaining_header: bool,
 }
 
 impl<B: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<B> {
@@ -142,6 +144,7 @@ impl<B: Backend> RateLimitLayerBuilder<B> {
             failure: self.failure,
             missing_key: self.missing_key,
             unknown_key: self.unknown_key,
+            remaining_header: self.remaining_header,
         }
     }
 
@@ -216,6 +219,19 @@ impl<B: Backend> RateLimitLayerBuilder<B> {
         self
     }
 
+    /// Also sends `X-Rate-Limit-Remaining` (tokens left over all bandwidths), the header of
+    /// Bucket4j's examples, for clients that read it (default: off; `RateLimit` carries the
+    /// same number per bandwidth).
+    ///
+    /// ```
+    /// # use bucket4rs_tower::RateLimitLayer;
+    /// let b = RateLimitLayer::builder().remaining_header(true);
+    /// ```
+    pub fn remaining_header(mut self, on: bool) -> Self {
+        self.remaining_header = on;
+        self
+    }
+
     /// The layer.
     ///
     /// ```
@@ -232,6 +248,7 @@ impl<B: Backend> RateLimitLayerBuilder<B> {
                 unreachable: ProxyManager::new(Unreachable),
                 missing_key: self.missing_key,
                 unknown_key: self.unknown_key,
+                remaining_header: self.remaining_header,
             }),
         }
     }
@@ -288,6 +305,7 @@ impl RateLimitLayer<EmbeddedBackend> {
             failure: FailurePolicy::error(),
             missing_key: StatusCode::UNAUTHORIZED,
             unknown_key: StatusCode::UNAUTHORIZED,
+            remaining_header: false,
         }
     }
 }
@@ -495,15 +513,19 @@ where
                     v.now_nanos,
                     cost,
                 );
-                let add_headers = |h: &mut http::HeaderMap| {
+                let remaining_header = shared.remaining_header;
+                let add_headers = move |h: &mut http::HeaderMap| {
+                    h.reserve(3);
                     h.insert(RATELIMIT_POLICY, effective.policy_header().clone());
-                    if let Some(rl) = &ratelimit {
-                        h.insert(RATELIMIT, rl.clone());
+                    if let Some(rl) = ratelimit {
+                        h.insert(RATELIMIT, rl);
                     }
-                    h.insert(
-                        X_RATE_LIMIT_REMAINING,
-                        HeaderValue::from(probe.remaining_tokens()),
-                    );
+                    if remaining_header {
+                        h.insert(
+                            X_RATE_LIMIT_REMAINING,
+                            HeaderValue::from(probe.remaining_tokens()),
+                        );
+                    }
                 };
                 if probe.is_consumed() {
                     let mut resp = inner.call(req).await?;

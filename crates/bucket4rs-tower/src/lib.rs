@@ -11,7 +11,7 @@
 //!
 //! - allowed requests carry `RateLimit-Policy` and `RateLimit` (the structured-field syntax of
 //!   draft-ietf-httpapi-ratelimit-headers), one entry per bandwidth of the plan, computed from
-//!   that bandwidth's own state, plus `X-Rate-Limit-Remaining` (as in Bucket4j's examples);
+//!   that bandwidth's own state (and, on request, Bucket4j's `X-Rate-Limit-Remaining`);
 //! - rejected requests get **429 Too Many Requests** with `Retry-After` in whole seconds
 //!   (rounded up, at least 1) and an RFC 9457 `application/problem+json` body;
 //! - a request whose cost exceeds the plan's capacity is a configuration error (500), not a

@@ -74,6 +74,7 @@ async fn twenty_allowed_then_429_with_per_bandwidth_headers() {
     let layer = RateLimitLayer::builder()
         .backend(manager)
         .plans(free_plan())
+        .remaining_header(true)
         .build();
     let svc = layer.layer(hello());
     for i in 1..=20u64 {
