@@ -157,6 +157,21 @@ fn headlines(rows: &[Row]) -> Vec<Headline> {
     out
 }
 
+/// Whether any strategy allocates on the success or denied path (target: never).
+fn allocation_verdict(memory: &Value) -> Option<String> {
+    let local = memory["local"].as_array()?;
+    let worst = local
+        .iter()
+        .flat_map(|r| [&r["allocs_per_success"], &r["allocs_per_denial"]])
+        .filter_map(Value::as_f64)
+        .fold(0.0_f64, f64::max);
+    Some(format!(
+        "Heap allocations per `try_consume(1)`, worst strategy and bandwidth count, success or \
+         denied: {worst} (target 0: {}).",
+        if worst == 0.0 { "met" } else { "**missed**" }
+    ))
+}
+
 fn verdict(met: Option<bool>) -> &'static str {
     match met {
         Some(true) => "met",
@@ -378,6 +393,9 @@ pub(crate) fn docs_section(data: &Data) -> String {
     }
     out.push_str("\n### Headline ratios\n\n");
     markdown_headlines(&data.rows, &mut out);
+    if let Some(line) = allocation_verdict(&data.memory) {
+        let _ = writeln!(out, "\n{line}");
+    }
     out.push_str("\n### Notes on noise\n\n");
     for n in noise_notes(data) {
         let _ = writeln!(out, "- {n}");
@@ -434,7 +452,11 @@ pub(crate) fn html(data: &Data) -> Result<String> {
             esc(&hl.detail)
         );
     }
-    h.push_str("</table><h2>Notes</h2><ul>");
+    h.push_str("</table>");
+    if let Some(line) = allocation_verdict(&data.memory) {
+        let _ = write!(h, "<p>{}</p>", esc(&line.replace("**", "")));
+    }
+    h.push_str("<h2>Notes</h2><ul>");
     for n in noise_notes(data) {
         let _ = write!(h, "<li>{}</li>", esc(&n));
     }
