@@ -573,7 +573,13 @@ fn plot_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
 /// A line per contender: ns/op or Mops/s against threads.
 fn thread_chart(rows: &[Row], group: &str, metric: Metric, cores: usize) -> Result<Option<String>> {
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for r in rows.iter().filter(|r| r.group == group) {
+    // The atomic floor would flatten every limiter's throughput line; it stays in the tables
+    // and in the ns/op chart.
+    let skip_floor = matches!(metric, Metric::Mops);
+    for r in rows
+        .iter()
+        .filter(|r| r.group == group && !(skip_floor && r.function.starts_with("floor")))
+    {
         let (Some(x), Some(y)) = (
             r.param_num(),
             match metric {
