@@ -477,3 +477,76 @@ async fn a_key_flood_never_grows_past_the_cap_and_busy_clients_keep_their_bucket
     }
     assert!(max_len <= CAP, "map grew to {max_len}");
 }
+
+#[test]
+fn plans_file_errors_name_the_field() {
+    let err = |text: &str| PlanTable::from_toml(text).unwrap_err().to_string();
+    assert_eq!(
+        err("[plans.free]\nlimits = [{ capacity = 20, refill = 20, period = \"1 fortnight\" }]"),
+        r#"plans.free.limits[0].period: "1 fortnight" is not a duration"#
+    );
+    assert_eq!(
+        err("[plans.pro]\nlimits = [\"5/s\", { capcity = 3, period = \"1s\" }]"),
+        "plans.pro.limits[1].capcity: unknown field (expected one of id, capacity, refill, \
+         period, rate, initial_tokens, refill_kind)"
+    );
+    assert_eq!(
+        err("[plans.free]\nlimits = [\"lots per minute\"]"),
+        r#"plans.free.limits[0]: "lots per minute" is not a rate (expected e.g. "20 per minute" or "20/1m")"#
+    );
+    assert_eq!(
+        err("[plans.free]\nlimits = [{ capacity = -1, period = \"1s\" }]"),
+        "plans.free.limits[0].capacity: must not be negative, found -1"
+    );
+    assert_eq!(
+        err("[plans.free]\nlimits = [{ capacity = 0, period = \"1s\" }]"),
+        format!(
+            "plans.free.limits[0]: {}",
+            Bandwidth::builder()
+                .capacity(0)
+                .refill_greedy(0, Duration::from_secs(1))
+                .build()
+                .unwrap_err()
+        )
+    );
+    assert_eq!(
+        err("[plans.free]\nlimits = [{ capacity = 5, period = \"0s\" }]"),
+        r#"plans.free.limits[0].period: "0s" is zero; a period must be positive"#
+    );
+    assert_eq!(
+        err("[plans.free]\nlimits = [{ id = \"a\", rate = \"1/s\" }, { id = \"a\", rate = \"2/s\" }]")
+            .split(':')
+            .next()
+            .unwrap(),
+        "plans.free.limits"
+    );
+    assert_eq!(
+        err("[plans.free]\nlimits = [\"1/s\"]\n[keys]\nk1 = \"gold\""),
+        r#"keys.k1: plan "gold" is not defined in [plans]"#
+    );
+    assert_eq!(err("[plans]"), "plans: define at least one plan");
+    assert_eq!(
+        err("[plan.free]"),
+        "plan: unknown field (expected `plans` or `keys`)"
+    );
+    assert!(err("[plans.free\nlimits = 3").starts_with("invalid TOML: "));
+    // Every shape of limit.
+    let t = PlanTable::from_toml(
+        r#"
+        [plans.p]
+        limits = [
+          "20 per minute",
+          "1000/day",
+          { id = "burst", capacity = 10, refill = 1, period = "6s" },
+          { id = "hourly", rate = "500 per 1h", initial_tokens = 100 },
+          { id = "window", capacity = 60, period = "1 minute", refill_kind = "intervally" },
+        ]
+        "#,
+    )
+    .unwrap();
+    let plan = t.plan("p").unwrap();
+    assert_eq!(
+        plan.policy_header(),
+        r#""0";q=20;w=60, "1";q=1000;w=86400, "burst";q=10;w=60, "hourly";q=500;w=3600, "window";q=60;w=60"#
+    );
+}
