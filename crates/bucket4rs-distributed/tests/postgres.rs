@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bucket4rs_distributed::{
     DistributedError, FormatError, PostgresBackend, PostgresOptions, ProxyManager, RemoteBucket,
-    TimeSource,
+    RetryPolicy, TimeSource,
 };
 use bucket4rs_test::replay_all;
 
@@ -143,8 +143,14 @@ fn four_processes_share_one_key_and_grant_exactly_its_tokens() {
             let backend = backend_with(table, PostgresOptions::default(), &url()).await;
             // 16 tasks in 4 processes on one row, one commit (~ms) each: under load a call
             // may wait behind many lost races, and this test checks exactness, not latency.
+            // Conflicts are retryable by contract: give the 16 contending tasks room to retry.
             let manager = ProxyManager::configure(backend.clone())
                 .timeout(Duration::from_secs(20))
+                .retry(RetryPolicy::new(
+                    200,
+                    Duration::from_millis(1),
+                    Duration::from_millis(20),
+                ))
                 .build()
                 .unwrap();
             let now_ms = std::time::SystemTime::now()
