@@ -515,7 +515,6 @@ where
                 );
                 let remaining_header = shared.remaining_header;
                 let add_headers = move |h: &mut http::HeaderMap| {
-                    h.reserve(3);
                     h.insert(RATELIMIT_POLICY, effective.policy_header().clone());
                     if let Some(rl) = ratelimit {
                         h.insert(RATELIMIT, rl);

@@ -358,3 +358,54 @@ impl JsonBody for reqwest::Response {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?} is not JSON: {e}"))
     }
 }
+
+#[test]
+fn the_binary_serves_and_stops_on_sigterm() {
+    use std::io::{BufRead, BufReader, Read};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_bookshelf"))
+        .args(["--addr", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(
+        first.starts_with("Bookshelf API listening on http://127.0.0.1:"),
+        "{first}"
+    );
+    let mut curl_line = String::new();
+    out.read_line(&mut curl_line).unwrap();
+    out.read_line(&mut curl_line).unwrap();
+    assert!(
+        curl_line.contains("curl -i -H 'X-API-Key: free-demo-key'"),
+        "{curl_line}"
+    );
+    let addr = first
+        .trim()
+        .trim_start_matches("Bookshelf API listening on http://")
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_owned();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let status = rt.block_on(async {
+        let client = reqwest::Client::new();
+        let url = format!("http://{addr}/books/9781593278281");
+        get(&client, &url, Some("free-demo-key")).await.status()
+    });
+    assert_eq!(status, StatusCode::OK);
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let exit = child.wait().unwrap();
+    assert!(exit.success(), "graceful shutdown exits 0, got {exit}");
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("Bookshelf API stopped."), "{rest}");
+}
