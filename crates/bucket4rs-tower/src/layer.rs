@@ -475,7 +475,9 @@ where
                                 1,
                                 Problem::new(
                                     StatusCode::TOO_MANY_REQUESTS,
-                                    "the rate-limit store is unavailable; denied by the failure policy",
+                                    format!(
+                                        "the rate limiter cannot decide ({e}); denied by the failure policy"
+                                    ),
                                 ),
                             )),
                             Err(_) => Ok(unavailable_response(&e.to_string())),

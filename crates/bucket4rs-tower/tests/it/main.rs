@@ -374,6 +374,11 @@ async fn backend_failures_follow_the_failure_policy_never_a_silent_allow() {
     let r = call(&layer(FailurePolicy::deny()), req(Some("k"), "/")).await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.headers()["retry-after"], "1");
+    let detail = body_json(&r)["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains("connection refused") && detail.contains("failure policy"),
+        "{detail}"
+    );
 
     let two = BucketConfiguration::builder()
         .add_limit(Bandwidth::simple(2, Duration::from_secs(60)).unwrap())
