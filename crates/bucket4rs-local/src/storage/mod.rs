@@ -6,14 +6,12 @@ use bucket4rs_core::{
 };
 
 mod any;
+mod exclusive;
 mod lock_free;
-mod synchronized;
-mod unsync;
 
 pub use any::{AnyStorage, SynchronizationStrategy, UnknownStrategy};
+pub use exclusive::{Synchronized, Unsynchronized};
 pub use lock_free::LockFree;
-pub use synchronized::Synchronized;
-pub use unsync::Unsynchronized;
 
 mod sealed {
     pub trait Sealed {}
