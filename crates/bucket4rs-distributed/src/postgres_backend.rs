@@ -11,11 +11,18 @@
 //!   The same statement returns the row as it currently is when the compare-and-set lost, so
 //!   a retry needs one more statement, not a read plus a write.
 //! - Read-only results are confirmed by a plain `SELECT` of the version (one round trip).
-//! - Rows are locked only inside one autocommit statement; `lock_timeout` and
+//! - A call that lost [`PostgresOptions::optimistic_rounds`] compare-and-sets in a row (2 by
+//!   default) takes the row lock instead, which always makes progress: `BEGIN` +
+//!   `SELECT … FOR UPDATE` (pipelined, one round trip), compute, `UPDATE`/`INSERT` + `COMMIT`
+//!   (pipelined, one round trip). The lock is held for one client round trip.
+//! - Otherwise rows are locked only inside one autocommit statement; `lock_timeout` and
 //!   `statement_timeout` are set on every connection at start-up.
 
 use core::fmt;
-use core::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use core::future::Future;
+use core::pin::pin;
+use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use core::task::Poll;
 use core::time::Duration;
 use std::sync::Arc;
 
@@ -36,6 +43,10 @@ const MAX_IDENT: usize = 63;
 const MAX_TTL_MICROS: u128 = 1_000 * 365 * 86_400 * 1_000_000;
 /// Advisory lock key serialising concurrent `migrate()` calls (`b4rsmig` in ASCII).
 const MIGRATE_LOCK: i64 = 0x0062_3472_736d_6967;
+/// Locked transactions one call may run: the first can find the key absent and lose the
+/// `INSERT` to a concurrent creator (the row is locked by nobody yet); the second then locks
+/// the row. More are needed only if the row is deleted in between (`remove`).
+const LOCKED_ATTEMPTS: u32 = 4;
 
 /// A table name refused by [`PostgresOptions::table`].
 ///
@@ -133,7 +144,7 @@ pub struct PostgresOptions {
 impl Default for PostgresOptions {
     /// Table `bucket4rs_buckets`, 16 connections, 1 s connect timeout, 1 s pool wait,
     /// `statement_timeout` 1 s, `lock_timeout` 250 ms, 50 ms clock tolerance, 65,536 cached
-    /// keys, 8 compare-and-set rounds per call.
+    /// keys, 2 compare-and-set rounds before the locking fallback.
     fn default() -> Self {
         Self {
             table: "bucket4rs_buckets".into(),
@@ -145,7 +156,7 @@ impl Default for PostgresOptions {
             lock_timeout: Duration::from_millis(250),
             clock_tolerance: Duration::from_millis(50),
             cache_capacity: 65_536,
-            rounds: 8,
+            rounds: 2,
         }
     }
 }
@@ -257,6 +268,23 @@ impl PostgresOptions {
         self
     }
 
+    /// How many compare-and-set statements a call may lose before it takes the row lock
+    /// (`SELECT … FOR UPDATE` in a transaction: two round trips, always makes progress).
+    /// Default 2: one loss is the normal cost of a cache made stale by another process (the
+    /// retry, on the row the losing statement returned, nearly always wins); a second one in
+    /// a row means another writer committed within one round trip, i.e. real contention,
+    /// where more optimistic rounds cost round trips without guaranteeing progress. 0 takes
+    /// the lock on every call.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::PostgresOptions;
+    /// let o = PostgresOptions::default().optimistic_rounds(4);
+    /// ```
+    pub fn optimistic_rounds(mut self, n: u32) -> Self {
+        self.rounds = n;
+        self
+    }
+
     fn session_options(&self) -> String {
         let ms = |d: Duration| d.as_millis().clamp(1, i32::MAX as u128);
         format!(
@@ -277,8 +305,9 @@ impl PostgresOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PostgresStats {
-    /// Statements executed (each one round trip; one-time `PREPARE`s per connection are not
-    /// counted).
+    /// Round trips: one per statement, or per pipelined pair of the locking fallback
+    /// (`BEGIN` + `SELECT … FOR UPDATE`, then the write + `COMMIT`). One-time `PREPARE`s per
+    /// connection are not counted.
     pub round_trips: u64,
     /// Operations that completed in their first statement.
     pub one_round_trip: u64,
@@ -287,6 +316,9 @@ pub struct PostgresStats {
     pub conflicts: u64,
     /// Expired rows deleted by [`PostgresBackend::reap_expired`].
     pub reaped: u64,
+    /// Calls that lost [`PostgresOptions::optimistic_rounds`] compare-and-sets in a row and
+    /// took the row lock (`SELECT … FOR UPDATE`) instead.
+    pub pessimistic: u64,
 }
 
 #[derive(Default)]
@@ -295,6 +327,7 @@ struct Counters {
     one_round_trip: AtomicU64,
     conflicts: AtomicU64,
     reaped: AtomicU64,
+    pessimistic: AtomicU64,
 }
 
 /// What this process believes the row of a key is.
@@ -346,6 +379,9 @@ struct Sql {
     insert: String,
     update: String,
     read: String,
+    lock_read: String,
+    lock_insert: String,
+    lock_update: String,
     remove: String,
     reap: String,
     migrate: String,
@@ -356,6 +392,10 @@ const CLOCK_CTE: &str =
 const GUARD: &str = "($4::int8 IS NULL OR ($4::int8 <= c.us AND $4::int8 >= c.us - $5::int8))";
 const EXPIRES: &str =
     "CASE WHEN $3::int8 IS NULL THEN NULL ELSE now() + $3::int8 * interval '1 microsecond' END";
+/// Inside an explicit transaction `now()` is the transaction's start (before a lock wait):
+/// the locking fallback uses the clock itself.
+const LOCK_EXPIRES: &str = "CASE WHEN $3::int8 IS NULL THEN NULL \
+     ELSE clock_timestamp() + $3::int8 * interval '1 microsecond' END";
 
 impl Sql {
     fn new(t: &str) -> Self {
@@ -383,6 +423,27 @@ impl Sql {
              (r.expires_at IS NOT NULL AND r.expires_at <= now()), c.us, false \
              FROM c LEFT JOIN {t} r ON r.key = $1::text"
         );
+        // The locking fallback. Columns: version (NULL: no row), state, expires_at (µs since
+        // the epoch, NULL: never), clock (µs, `clock_timestamp()`). The clock is projected
+        // above the join, so it is read after the row lock was granted; FOR UPDATE sits in
+        // the subquery because it cannot apply to the nullable side of an outer join.
+        let lock_read = format!(
+            "SELECT x.version, x.state, x.exp, \
+             (extract(epoch FROM clock_timestamp()) * 1000000)::int8 \
+             FROM (VALUES (1)) AS d(one) LEFT JOIN (SELECT r.version, r.state, \
+             (extract(epoch FROM r.expires_at) * 1000000)::int8 AS exp \
+             FROM {t} AS r WHERE r.key = $1::text FOR UPDATE) AS x ON true"
+        );
+        let lock_insert = format!(
+            "INSERT INTO {t} AS r (key, state, version, expires_at) \
+             VALUES ($1::text, $2::bytea, 1, {LOCK_EXPIRES}) \
+             ON CONFLICT (key) DO NOTHING RETURNING r.version"
+        );
+        let lock_update = format!(
+            "UPDATE {t} AS r SET state = $2::bytea, version = r.version + 1, \
+             expires_at = {LOCK_EXPIRES} WHERE r.key = $1::text AND r.version = $4::int8 \
+             RETURNING r.version"
+        );
         let remove = format!(
             "DELETE FROM {t} WHERE key = $1::text \
              RETURNING (expires_at IS NULL OR expires_at > now())"
@@ -403,6 +464,9 @@ impl Sql {
             insert,
             update,
             read,
+            lock_read,
+            lock_insert,
+            lock_update,
             remove,
             reap,
             migrate,
@@ -424,7 +488,9 @@ impl Sql {
 /// ```
 ///
 /// An operation is one autocommit statement in the common case, also on a key's first
-/// use; under contention from other processes, one more per lost compare-and-set. Expired
+/// use; under contention from other processes, one more per lost compare-and-set, and after
+/// [`PostgresOptions::optimistic_rounds`] lost ones in a row a locking transaction of two
+/// round trips that always makes progress. Expired
 /// rows read as absent and are deleted in batches by [`reap_expired`](Self::reap_expired)
 /// or a [`spawn_reaper`](Self::spawn_reaper) task. Blocking callers use
 /// [`RemoteBucket::blocking`](crate::RemoteBucket::blocking), as with every backend.
@@ -568,6 +634,87 @@ fn reply(row: &Row) -> Result<Reply, BackendError> {
         ok,
         version,
     })
+}
+
+/// The row as `lock_read` returned it (locked when present), and the clock in µs.
+fn locked_reply(row: &Row) -> Result<(Basis, i64), BackendError> {
+    let get = |e: tokio_postgres::Error| protocol(&e.to_string());
+    let version: Option<i64> = row.try_get(0).map_err(get)?;
+    let state: Option<Vec<u8>> = row.try_get(1).map_err(get)?;
+    let expires_us: Option<i64> = row.try_get(2).map_err(get)?;
+    let clock_us: i64 = row.try_get(3).map_err(get)?;
+    let basis = match (version, state) {
+        (Some(version), Some(record)) => Basis::Row {
+            version,
+            record,
+            // As `expires_at <= now()` in the compare-and-set path.
+            expired: expires_us.is_some_and(|e| e <= clock_us),
+        },
+        _ => Basis::Absent,
+    };
+    Ok((basis, clock_us))
+}
+
+/// Polls both futures until both are ready, `a` first: with tokio-postgres, two requests
+/// polled this way are pipelined (both sent, in this order, before either reply arrives).
+async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let mut a = pin!(a);
+    let mut b = pin!(b);
+    let (mut ra, mut rb) = (None, None);
+    core::future::poll_fn(|cx| {
+        if ra.is_none() {
+            if let Poll::Ready(v) = a.as_mut().poll(cx) {
+                ra = Some(v);
+            }
+        }
+        if rb.is_none() {
+            if let Poll::Ready(v) = b.as_mut().poll(cx) {
+                rb = Some(v);
+            }
+        }
+        match (ra.take(), rb.take()) {
+            (Some(x), Some(y)) => Poll::Ready((x, y)),
+            (x, y) => {
+                ra = x;
+                rb = y;
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
+
+/// A pooled connection running an explicit transaction (the locking fallback).
+///
+/// Dropped while its transaction may still be open (the call was cancelled mid-way, e.g. by
+/// the manager's timeout, or a `ROLLBACK` failed), the connection is closed instead of going
+/// back to the pool: the server rolls the transaction back and frees the row lock, and no
+/// later call can run inside a leftover transaction.
+struct TxClient {
+    client: Option<deadpool_postgres::Object>,
+    open: AtomicBool,
+}
+
+impl TxClient {
+    fn get(&self) -> Result<&deadpool_postgres::Object, BackendError> {
+        self.client
+            .as_ref()
+            .ok_or_else(|| protocol("connection already released"))
+    }
+
+    fn set_open(&self, open: bool) {
+        self.open.store(open, Ordering::Relaxed);
+    }
+}
+
+impl Drop for TxClient {
+    fn drop(&mut self) {
+        if self.open.load(Ordering::Relaxed) {
+            if let Some(client) = self.client.take() {
+                drop(deadpool_postgres::Object::take(client));
+            }
+        }
+    }
 }
 
 fn ttl_micros(ttl: Option<Duration>) -> Option<i64> {
@@ -785,6 +932,7 @@ impl PostgresBackend {
             one_round_trip: c.one_round_trip.load(Ordering::Relaxed),
             conflicts: c.conflicts.load(Ordering::Relaxed),
             reaped: c.reaped.load(Ordering::Relaxed),
+            pessimistic: c.pessimistic.load(Ordering::Relaxed),
         }
     }
 
@@ -813,6 +961,138 @@ impl PostgresBackend {
     /// taken before its reply arrived).
     fn estimate_db_now(&self) -> i64 {
         wall_nanos().saturating_add(self.inner.offset.load(Ordering::Relaxed))
+    }
+
+    /// The locking fallback of [`Backend::transact`]: `BEGIN` + `SELECT … FOR UPDATE`
+    /// (pipelined), compute, then the write + `COMMIT` (pipelined). On success the committed
+    /// row becomes the cached basis, so the key's next call is optimistic again.
+    async fn locked(
+        &self,
+        client: deadpool_postgres::Object,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+        cached: &mut Option<Basis>,
+    ) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        inner.counters.pessimistic.fetch_add(1, Ordering::Relaxed);
+        let conn = TxClient {
+            client: Some(client),
+            open: AtomicBool::new(false),
+        };
+        let c = conn.get()?;
+        let read = c
+            .prepare_cached(&inner.sql.lock_read)
+            .await
+            .map_err(map_pg)?;
+        let insert = c
+            .prepare_cached(&inner.sql.lock_insert)
+            .await
+            .map_err(map_pg)?;
+        let update = c
+            .prepare_cached(&inner.sql.lock_update)
+            .await
+            .map_err(map_pg)?;
+        let key_str = key.as_str();
+        for _ in 0..LOCKED_ATTEMPTS {
+            conn.set_open(true);
+            inner.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+            let (begun, row) =
+                both(c.batch_execute("BEGIN"), c.query_one(&read, &[&key_str])).await;
+            let parsed = begun
+                .and(row)
+                .map_err(map_pg)
+                .and_then(|row| locked_reply(&row));
+            let (basis, clock_us) = match parsed {
+                Ok(p) => p,
+                Err(e) => {
+                    self.rollback(&conn).await;
+                    return Err(e);
+                }
+            };
+            self.observe_clock(clock_us);
+            // Computed under the lock at the clock read after it was granted: exact.
+            let now = tx
+                .needs_backend_clock()
+                .then(|| clock_us.saturating_mul(1_000));
+            let (record, ttl) = match tx.apply(basis.live(), now) {
+                Write::Keep => {
+                    inner.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = c.batch_execute("COMMIT").await {
+                        self.rollback(&conn).await;
+                        return Err(map_pg(e));
+                    }
+                    conn.set_open(false);
+                    *cached = Some(basis);
+                    return Ok(());
+                }
+                Write::Put { record, ttl } => (record, ttl),
+            };
+            let ttl_us = ttl_micros(ttl);
+            inner.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+            let (written, committed) = match &basis {
+                Basis::Absent => {
+                    both(
+                        c.query_opt(&insert, &[&key_str, &record, &ttl_us]),
+                        c.batch_execute("COMMIT"),
+                    )
+                    .await
+                }
+                Basis::Row { version, .. } => {
+                    both(
+                        c.query_opt(&update, &[&key_str, &record, &ttl_us, version]),
+                        c.batch_execute("COMMIT"),
+                    )
+                    .await
+                }
+            };
+            match (written, committed) {
+                // The transaction ended either way: a COMMIT after a failed statement rolls
+                // back (and reports no error).
+                (Ok(Some(row)), Ok(())) => {
+                    conn.set_open(false);
+                    let version: i64 = row.try_get(0).map_err(|e| protocol(&e.to_string()))?;
+                    *cached = Some(Basis::Row {
+                        version,
+                        record,
+                        expired: false,
+                    });
+                    return Ok(());
+                }
+                (Err(e), Ok(())) => {
+                    conn.set_open(false);
+                    return Err(map_pg(e));
+                }
+                // The key was absent when read (nothing to lock) and another client created
+                // it since: nothing was written; lock the row it created.
+                (Ok(None), Ok(())) => {
+                    conn.set_open(false);
+                    inner.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                }
+                (written, Err(e)) => {
+                    self.rollback(&conn).await;
+                    return Err(map_pg(written.err().unwrap_or(e)));
+                }
+            }
+        }
+        Err(BackendError::new(
+            BackendErrorKind::Conflict,
+            format!("key {key} was created and deleted under {LOCKED_ATTEMPTS} locking attempts"),
+        )
+        .retryable(true))
+    }
+
+    /// Ends a transaction left in an unknown state; if that fails too, the connection is
+    /// closed when `conn` drops (see [`TxClient`]).
+    async fn rollback(&self, conn: &TxClient) {
+        let Ok(c) = conn.get() else { return };
+        self.inner
+            .counters
+            .round_trips
+            .fetch_add(1, Ordering::Relaxed);
+        // Outside a transaction ROLLBACK only warns, so success means "no transaction open".
+        if c.batch_execute("ROLLBACK").await.is_ok() {
+            conn.set_open(false);
+        }
     }
 
     fn slot(&self, key: &StorageKey) -> Slot {
@@ -966,14 +1246,8 @@ impl Backend for PostgresBackend {
             fresh = true;
             reading = Some(r.clock_us.saturating_mul(1_000));
         }
-        Err(BackendError::new(
-            BackendErrorKind::Conflict,
-            format!(
-                "key {key} changed under {} consecutive compare-and-set attempts",
-                inner.options.rounds
-            ),
-        )
-        .retryable(true))
+        // Lost every optimistic round: take the row lock, which always makes progress.
+        self.locked(client, key, tx, &mut cached).await
     }
 
     async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
