@@ -260,7 +260,7 @@ fn noise_notes(data: &Data) -> Vec<String> {
             data.machine.cores
         ),
         "The keyed embedded backend is async: each call is polled in place with a no-op waker \
-         inside the runtime context (what an `.await` in a task costs); Redis calls use \
+         inside the runtime context (what an `.await` in a task costs); Redis and PostgreSQL calls use \
          `block_on` on a current-thread runtime, one round trip each."
             .to_owned(),
     ];
