@@ -184,6 +184,21 @@ impl BucketState {
         &self.bandwidths
     }
 
+    /// The per-bandwidth states, mutably (their number stays fixed): for storage layers that
+    /// keep states decoded and update them in place with [`ops::execute`](crate::ops::execute).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// state.bandwidths_mut()[0] = BandwidthState::from_parts(0, 1, 0);
+    /// assert_eq!(state.bandwidths()[0].tokens(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bandwidths_mut(&mut self) -> &mut [BandwidthState] {
+        &mut self.bandwidths
+    }
+
     /// Checks that this state can belong to `config` (for states read from storage).
     ///
     /// # Errors

@@ -16,6 +16,7 @@ use core::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::BackendError;
+use crate::format::{self, Record};
 use crate::key::StorageKey;
 
 /// What a transaction asks the backend to do with the key.
@@ -37,6 +38,31 @@ pub enum Write {
         /// The encoded record.
         record: Vec<u8>,
         /// When the key may expire.
+        ttl: Option<Duration>,
+    },
+}
+
+/// What [`Transaction::apply_decoded`] did to a key held as a decoded [`Record`].
+///
+/// ```
+/// use bucket4rs_distributed::DecodedWrite;
+/// assert_eq!(DecodedWrite::Keep, DecodedWrite::Keep);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecodedWrite {
+    /// Nothing changed: leave the key as it is (an absent key stays absent).
+    Keep,
+    /// The record passed in was updated in place; it may expire after `ttl` (`None`: never).
+    Updated {
+        /// When the key may expire, from now.
+        ttl: Option<Duration>,
+    },
+    /// The key had no record: store this one; it may expire after `ttl` (`None`: never).
+    Created {
+        /// The new record.
+        record: Record,
+        /// When the key may expire, from now.
         ttl: Option<Duration>,
     },
 }
@@ -106,6 +132,40 @@ pub trait Transaction: Send {
     /// the Unix epoch) when [`needs_backend_clock`](Self::needs_backend_clock), or a value
     /// of [`client_now`](Self::client_now); with `None` the client clock is read.
     fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write;
+
+    /// [`apply`](Self::apply) for in-process backends that keep records decoded (the
+    /// [`EmbeddedBackend`](crate::EmbeddedBackend)): works on `current` in place, with no
+    /// decoding, checksum, encoding or allocation of record bytes. Same contract and same
+    /// results as `apply`: on an error `current` is left untouched and the answer is
+    /// [`DecodedWrite::Keep`].
+    ///
+    /// The default goes through the byte path (encodes `current`, calls `apply`, decodes
+    /// what it writes), so transactions written before this method existed keep working;
+    /// written bytes that do not decode leave the key unchanged. The manager's transactions
+    /// override it.
+    fn apply_decoded(
+        &mut self,
+        current: Option<&mut Record>,
+        backend_now: Option<i64>,
+    ) -> DecodedWrite {
+        let bytes = current
+            .as_deref()
+            .map(|r| format::encode(&r.config, &r.state));
+        match self.apply(bytes.as_deref(), backend_now) {
+            Write::Keep => DecodedWrite::Keep,
+            Write::Put { record, ttl } => match (format::decode(&record), current) {
+                (Ok(decoded), Some(current)) => {
+                    *current = decoded;
+                    DecodedWrite::Updated { ttl }
+                }
+                (Ok(decoded), None) => DecodedWrite::Created {
+                    record: decoded,
+                    ttl,
+                },
+                (Err(_), _) => DecodedWrite::Keep,
+            },
+        }
+    }
 }
 
 /// Whether and how a backend can tell the time (for [`TimeSource::backend`](crate::TimeSource::backend)).
@@ -188,6 +248,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn clock(&self) -> BackendClock {
         BackendClock::None
     }
+
+    /// Whether every call completes in this process without waiting (no I/O, no sleep, no
+    /// lock held across an `.await`) and its errors are final (never
+    /// [retryable](BackendError::retryable)). The manager then calls the backend directly:
+    /// no `tokio::time::timeout`, no retry loop. Default: `false` (remote backends, custom
+    /// backends). The [`EmbeddedBackend`](crate::EmbeddedBackend) says `true`.
+    fn is_in_process(&self) -> bool {
+        false
+    }
 }
 
 #[async_trait]
@@ -207,5 +276,8 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn clock(&self) -> BackendClock {
         (**self).clock()
+    }
+    fn is_in_process(&self) -> bool {
+        (**self).is_in_process()
     }
 }

@@ -9,12 +9,15 @@ use bucket4rs_core::{Clock, SystemNanosClock};
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as MapEntry;
 
-use crate::backend::{Backend, BackendClock, Transaction, Write};
+use crate::backend::{Backend, BackendClock, DecodedWrite, Transaction};
 use crate::error::{BackendError, BackendErrorKind};
+use crate::format::{self, Record};
 use crate::key::StorageKey;
 
+/// A key's record, kept decoded: the configuration is an `Arc` shared with the supplier that
+/// created it, the state a small vector updated in place.
 struct Slot {
-    record: Vec<u8>,
+    record: Record,
     /// Backend-clock reading after which the key may be dropped (`None`: never).
     expires_at: Option<i64>,
 }
@@ -26,6 +29,10 @@ const MIN_SWEEP_INTERVAL: usize = 1024;
 ///
 /// - **Atomic per key**: a transaction runs under the write lock of the key's shard, so the
 ///   core runs once per call with no retry loop.
+/// - **Decoded records**: records are held as configuration + state, never as bytes;
+///   transactions run through [`Transaction::apply_decoded`] (no decoding, checksum,
+///   encoding or buffer per call), and the backend is [in-process](Backend::is_in_process)
+///   (the manager skips its timeout and retries). [`read`](Backend::read) encodes on demand.
 /// - **Bounded memory**: an idle key is dropped once its bucket would be full again (plus
 ///   the manager's TTL margin) — never earlier, which would hand its client a fresh bucket.
 ///   Expired keys read as absent at once and are swept when the map has doubled since the
@@ -176,15 +183,10 @@ impl EmbeddedBackend {
     fn expiry(&self, now: i64, ttl: Option<core::time::Duration>) -> Option<i64> {
         ttl.map(|t| now.saturating_add(i64::try_from(t.as_nanos()).unwrap_or(i64::MAX)))
     }
-}
 
-fn expired(slot: &Slot, now: i64) -> bool {
-    slot.expires_at.is_some_and(|at| now >= at)
-}
-
-#[async_trait]
-impl Backend for EmbeddedBackend {
-    async fn transact(
+    /// An absent or expired key: through the map's entry (clones the key), with the key cap
+    /// and the sweeps.
+    fn transact_slow(
         &self,
         key: &StorageKey,
         tx: &mut dyn Transaction,
@@ -195,17 +197,25 @@ impl Backend for EmbeddedBackend {
             let backend_now = tx.needs_backend_clock().then_some(now);
             match self.map.entry(key.clone()) {
                 MapEntry::Occupied(mut o) => {
-                    let current = (!expired(o.get(), now)).then(|| o.get().record.as_slice());
-                    match tx.apply(current, backend_now) {
-                        Write::Put { record, ttl } => {
+                    let live = !expired(o.get(), now);
+                    let current = if live {
+                        Some(&mut o.get_mut().record)
+                    } else {
+                        None
+                    };
+                    match tx.apply_decoded(current, backend_now) {
+                        DecodedWrite::Updated { ttl } => {
+                            o.get_mut().expires_at = self.expiry(now, ttl);
+                        }
+                        DecodedWrite::Created { record, ttl } => {
                             let expires_at = self.expiry(now, ttl);
                             *o.get_mut() = Slot { record, expires_at };
                         }
-                        Write::Keep if current.is_none() => {
+                        DecodedWrite::Keep if !live => {
                             o.remove();
                             self.live.fetch_sub(1, Ordering::AcqRel);
                         }
-                        Write::Keep => {}
+                        DecodedWrite::Keep => {}
                     }
                     return Ok(());
                 }
@@ -222,12 +232,13 @@ impl Backend for EmbeddedBackend {
                         swept = true;
                         continue;
                     }
-                    match tx.apply(None, backend_now) {
-                        Write::Put { record, ttl } => {
+                    match tx.apply_decoded(None, backend_now) {
+                        DecodedWrite::Created { record, ttl } => {
                             let expires_at = self.expiry(now, ttl);
                             v.insert(Slot { record, expires_at });
                         }
-                        Write::Keep => {
+                        // `Updated` needs a record, and none was given.
+                        DecodedWrite::Updated { .. } | DecodedWrite::Keep => {
                             self.live.fetch_sub(1, Ordering::AcqRel);
                             return Ok(());
                         }
@@ -240,6 +251,41 @@ impl Backend for EmbeddedBackend {
             }
         }
     }
+}
+
+fn expired(slot: &Slot, now: i64) -> bool {
+    slot.expires_at.is_some_and(|at| now >= at)
+}
+
+#[async_trait]
+impl Backend for EmbeddedBackend {
+    async fn transact(
+        &self,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+    ) -> Result<(), BackendError> {
+        let now = self.clock.now_nanos();
+        let backend_now = tx.needs_backend_clock().then_some(now);
+        // The common case, a live key: its shard's write lock through a borrowed key (no
+        // key clone), the record updated in place.
+        if let Some(mut slot) = self.map.get_mut(key) {
+            if !expired(&slot, now) {
+                match tx.apply_decoded(Some(&mut slot.record), backend_now) {
+                    DecodedWrite::Updated { ttl } => slot.expires_at = self.expiry(now, ttl),
+                    // Only for an absent key; never from a transaction given a record.
+                    DecodedWrite::Created { record, ttl } => {
+                        *slot = Slot {
+                            record,
+                            expires_at: self.expiry(now, ttl),
+                        };
+                    }
+                    DecodedWrite::Keep => {}
+                }
+                return Ok(());
+            }
+        }
+        self.transact_slow(key, tx)
+    }
 
     async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
         let now = self.clock.now_nanos();
@@ -247,7 +293,7 @@ impl Backend for EmbeddedBackend {
             .map
             .get(key)
             .filter(|s| !expired(s, now))
-            .map(|s| s.record.clone()))
+            .map(|s| format::encode(&s.record.config, &s.record.state)))
     }
 
     async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
@@ -259,6 +305,10 @@ impl Backend for EmbeddedBackend {
             }
             None => Ok(false),
         }
+    }
+
+    fn is_in_process(&self) -> bool {
+        true
     }
 
     fn clock(&self) -> BackendClock {

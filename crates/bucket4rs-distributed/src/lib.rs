@@ -55,7 +55,7 @@ mod postgres_backend;
 #[cfg(feature = "redis")]
 mod redis_backend;
 
-pub use backend::{Backend, BackendClock, Command, Transaction, Write};
+pub use backend::{Backend, BackendClock, Command, DecodedWrite, Transaction, Write};
 pub use embedded::EmbeddedBackend;
 pub use error::{BackendError, BackendErrorKind, DistributedError, FormatError, KeyError};
 pub use key::{KeyPolicy, StorageKey};

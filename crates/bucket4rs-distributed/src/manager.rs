@@ -11,7 +11,7 @@ use bucket4rs_core::{
 };
 use rand::Rng;
 
-use crate::backend::{Backend, BackendClock, Command, Transaction, Write};
+use crate::backend::{Backend, BackendClock, Command, DecodedWrite, Transaction, Write};
 use crate::error::{BackendError, BackendErrorKind, DistributedError, FormatError};
 use crate::format;
 use crate::key::{KeyPolicy, StorageKey};
@@ -436,10 +436,7 @@ impl<B: Backend> ProxyManager<B> {
     pub async fn remove(&self, key: impl AsRef<[u8]>) -> Result<bool, DistributedError> {
         let key = self.storage_key(key)?;
         let inner = &self.inner;
-        with_timeout(inner.timeout, async {
-            retrying(&inner.retry, || inner.backend.remove(&key)).await
-        })
-        .await
+        inner.call(|| inner.backend.remove(&key)).await
     }
 
     /// The stored configuration of a key, if it has a bucket.
@@ -468,10 +465,7 @@ impl<B: Backend> ProxyManager<B> {
         key: &StorageKey,
     ) -> Result<Option<format::Record>, DistributedError> {
         let inner = &self.inner;
-        let bytes = with_timeout(inner.timeout, async {
-            retrying(&inner.retry, || inner.backend.read(key)).await
-        })
-        .await?;
+        let bytes = inner.call(|| inner.backend.read(key)).await?;
         match bytes {
             None => Ok(None),
             Some(b) => Ok(Some(format::decode(&b)?)),
@@ -484,6 +478,10 @@ impl<B: Backend> ProxyManager<B> {
         tx: &mut dyn Transaction,
     ) -> Result<(), DistributedError> {
         let inner = &self.inner;
+        if inner.backend.is_in_process() {
+            // Never waits and never asks for a retry: no timer, no retry loop.
+            return inner.backend.transact(key, tx).await.map_err(backend_error);
+        }
         with_timeout(inner.timeout, async {
             let mut attempt = 0;
             loop {
@@ -498,6 +496,22 @@ impl<B: Backend> ProxyManager<B> {
             }
         })
         .await
+    }
+}
+
+impl<B: Backend> Inner<B> {
+    /// One backend call: bounded by the timeout and retried when retryable, except on an
+    /// in-process backend (which never waits and whose errors are final).
+    async fn call<T, F, Fut>(&self, f: F) -> Result<T, DistributedError>
+    where
+        F: FnMut() -> Fut,
+        Fut: core::future::Future<Output = Result<T, BackendError>>,
+    {
+        if self.backend.is_in_process() {
+            let mut f = f;
+            return f().await.map_err(backend_error);
+        }
+        with_timeout(self.timeout, async { retrying(&self.retry, f).await }).await
     }
 }
 
@@ -741,17 +755,16 @@ remote_op!(
     }
 );
 
-/// What a transaction does to a decoded (or freshly created) record.
+/// What a transaction does to a decoded (or freshly created) record, in place.
 trait Job: Send + Sync {
     type Output: Send;
-    /// The output, the configuration and state to keep, and whether the state changed.
+    /// The output and whether the record changed. On an error `record` is left untouched.
     fn run(
         &self,
-        config: BucketConfiguration,
-        state: BucketState,
+        record: &mut format::Record,
         now: i64,
         wall: bool,
-    ) -> Result<(Self::Output, BucketConfiguration, BucketState, bool), DistributedError>;
+    ) -> Result<(Self::Output, bool), DistributedError>;
 }
 
 struct OpJob<O>(O);
@@ -764,32 +777,29 @@ where
     type Output = O::Output;
     fn run(
         &self,
-        config: BucketConfiguration,
-        state: BucketState,
+        record: &mut format::Record,
         now: i64,
         _wall: bool,
-    ) -> Result<(O::Output, BucketConfiguration, BucketState, bool), DistributedError> {
-        let old = state.bandwidths();
-        let cells: Vec<core::cell::Cell<_>> =
-            old.iter().map(|s| core::cell::Cell::new(*s)).collect();
+    ) -> Result<(O::Output, bool), DistributedError> {
+        let format::Record { config, state } = record;
+        if state.bandwidths().len() != config.bandwidths().len() {
+            return Err(OperationError::StateMismatch.into());
+        }
+        // `execute` computes everything before its first write, so an error leaves the
+        // state untouched.
+        let cells = core::cell::Cell::from_mut(state.bandwidths_mut()).as_slice_of_cells();
         let mut wrote = false;
         let value = ops::execute(
             &self.0,
-            &config,
+            config,
             now,
-            |i| old[i],
+            |i| cells[i].get(),
             |i, s| {
                 cells[i].set(s);
                 wrote = true;
             },
         )?;
-        let new = BucketState::from_bandwidths(
-            cells
-                .into_iter()
-                .map(core::cell::Cell::into_inner)
-                .collect(),
-        );
-        Ok((value, config, new, wrote))
+        Ok((value, wrote))
     }
 }
 
@@ -799,14 +809,17 @@ impl Job for ReplaceJob {
     type Output = ();
     fn run(
         &self,
-        config: BucketConfiguration,
-        state: BucketState,
+        record: &mut format::Record,
         now: i64,
         wall: bool,
-    ) -> Result<((), BucketConfiguration, BucketState, bool), DistributedError> {
+    ) -> Result<((), bool), DistributedError> {
         format::check_storable(&self.0)?;
-        let new = state.replace_configuration(&config, &self.0, now, self.1, wall)?;
-        Ok(((), self.0.clone(), new, true))
+        let new = record
+            .state
+            .replace_configuration(&record.config, &self.0, now, self.1, wall)?;
+        record.config = self.0.clone();
+        record.state = new;
+        Ok(((), true))
     }
 }
 
@@ -855,65 +868,126 @@ impl<J: Job> Transaction for OpTx<'_, J> {
     }
 
     fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write {
-        let (write, out) = self.run(current, backend_now);
+        let (write, out) = self.run_bytes(current, backend_now);
+        self.out = Some(out);
+        write
+    }
+
+    fn apply_decoded(
+        &mut self,
+        current: Option<&mut format::Record>,
+        backend_now: Option<i64>,
+    ) -> DecodedWrite {
+        let (write, out) = self.run_decoded(current, backend_now);
         self.out = Some(out);
         write
     }
 }
 
+type Outcome<T> = Result<Verbose<T>, DistributedError>;
+
 impl<J: Job> OpTx<'_, J> {
-    fn run(
+    fn now(&self, backend_now: Option<i64>) -> Result<i64, DistributedError> {
+        match (backend_now, self.clock) {
+            (Some(n), _) => Ok(n),
+            (None, Some(c)) => Ok(c.now_nanos()),
+            (None, None) => Err(DistributedError::Backend(BackendError::new(
+                BackendErrorKind::Protocol,
+                "the backend did not pass its clock reading",
+            ))),
+        }
+    }
+
+    /// A new record from the supplier (the key has none).
+    fn create(&self, now: i64) -> Result<format::Record, DistributedError> {
+        let config = (self.supplier)();
+        config.check_clock(self.wall)?;
+        format::check_storable(&config)?;
+        let state = BucketState::new(&config, now);
+        Ok(format::Record { config, state })
+    }
+
+    fn run_bytes(
         &self,
         current: Option<&[u8]>,
         backend_now: Option<i64>,
-    ) -> (Write, Result<Verbose<J::Output>, DistributedError>) {
-        let now = match (backend_now, self.clock) {
-            (Some(n), _) => n,
-            (None, Some(c)) => c.now_nanos(),
-            (None, None) => {
-                let e = BackendError::new(
-                    BackendErrorKind::Protocol,
-                    "the backend did not pass its clock reading",
-                );
-                return (Write::Keep, Err(DistributedError::Backend(e)));
-            }
+    ) -> (Write, Outcome<J::Output>) {
+        let now = match self.now(backend_now) {
+            Ok(n) => n,
+            Err(e) => return (Write::Keep, Err(e)),
         };
-        let (config, state, created) = match current {
-            None => {
-                let config = (self.supplier)();
-                if let Err(e) = config.check_clock(self.wall) {
-                    return (Write::Keep, Err(e.into()));
-                }
-                if let Err(e) = format::check_storable(&config) {
-                    return (Write::Keep, Err(e.into()));
-                }
-                let state = BucketState::new(&config, now);
-                (config, state, true)
-            }
+        let (mut record, created) = match current {
+            None => match self.create(now) {
+                Ok(r) => (r, true),
+                Err(e) => return (Write::Keep, Err(e)),
+            },
             Some(bytes) => match format::decode(bytes) {
-                Ok(r) => (r.config, r.state, false),
+                Ok(r) => (r, false),
                 Err(e) => return (Write::Keep, Err(e.into())),
             },
         };
-        let (value, config, state, wrote) = match self.job.run(config, state, now, self.wall) {
+        let (value, wrote) = match self.job.run(&mut record, now, self.wall) {
             Ok(r) => r,
             Err(e) => return (Write::Keep, Err(e)),
         };
         let write = if wrote || created {
             Write::Put {
-                record: format::encode(&config, &state),
-                ttl: ttl_of(&config, &state, now, self.margin),
+                record: format::encode(&record.config, &record.state),
+                ttl: ttl_of(&record.config, &record.state, now, self.margin),
             }
         } else {
             Write::Keep
         };
         let verbose = Verbose {
             value,
-            configuration: config,
-            state,
+            configuration: record.config,
+            state: record.state,
             now_nanos: now,
         };
         (write, Ok(verbose))
+    }
+
+    /// The same steps as [`run_bytes`](Self::run_bytes) on a record kept decoded: no
+    /// decoding, no checksum, no encoding; the TTL is computed only when the state changed.
+    fn run_decoded(
+        &self,
+        current: Option<&mut format::Record>,
+        backend_now: Option<i64>,
+    ) -> (DecodedWrite, Outcome<J::Output>) {
+        let now = match self.now(backend_now) {
+            Ok(n) => n,
+            Err(e) => return (DecodedWrite::Keep, Err(e)),
+        };
+        let verbose = |value, record: &format::Record| Verbose {
+            value,
+            configuration: record.config.clone(),
+            state: record.state.clone(),
+            now_nanos: now,
+        };
+        match current {
+            Some(record) => match self.job.run(record, now, self.wall) {
+                Ok((value, true)) => {
+                    let ttl = ttl_of(&record.config, &record.state, now, self.margin);
+                    (DecodedWrite::Updated { ttl }, Ok(verbose(value, record)))
+                }
+                Ok((value, false)) => (DecodedWrite::Keep, Ok(verbose(value, record))),
+                Err(e) => (DecodedWrite::Keep, Err(e)),
+            },
+            None => {
+                let mut record = match self.create(now) {
+                    Ok(r) => r,
+                    Err(e) => return (DecodedWrite::Keep, Err(e)),
+                };
+                match self.job.run(&mut record, now, self.wall) {
+                    Ok((value, _)) => {
+                        let ttl = ttl_of(&record.config, &record.state, now, self.margin);
+                        let out = verbose(value, &record);
+                        (DecodedWrite::Created { record, ttl }, Ok(out))
+                    }
+                    Err(e) => (DecodedWrite::Keep, Err(e)),
+                }
+            }
+        }
     }
 }
 
@@ -1078,10 +1152,7 @@ impl<B: Backend> RemoteBucket<B> {
     pub async fn raw_record(&self) -> Result<Option<Vec<u8>>, DistributedError> {
         let inner = &self.manager.inner;
         let key = &self.key;
-        with_timeout(inner.timeout, async {
-            retrying(&inner.retry, || inner.backend.read(key)).await
-        })
-        .await
+        inner.call(|| inner.backend.read(key)).await
     }
 
     /// Consumes `tokens`, sleeping (asynchronously) until they are paid for; returns the
