@@ -295,6 +295,10 @@ pub trait Operation {
     /// Tells `listener` what the operation did (only consumption notifies).
     fn notify<L: BucketListener + ?Sized>(&self, _output: &Self::Output, _listener: &L) {}
 
+    /// Whether [`plan_single`](Operation::plan_single) is implemented (a compile-time switch,
+    /// so operations without a shortcut pay nothing for it).
+    const HAS_SINGLE: bool = false;
+
     /// A shortcut for a bucket with a single bandwidth `b` whose refilled state is `s`: the
     /// same result as [`plan`](Operation::plan), computed directly, with the new state when it
     /// changes. `None` (the default) means "use `plan`".
@@ -428,14 +432,12 @@ where
     O: Operation + ?Sized,
     R: Fn(usize) -> BandwidthState,
 {
-    if let [b] = config.bandwidths() {
-        if let Some(single) = op.plan_single(b, math::refill(b, read(0), now), now) {
-            let (output, state) = single?;
-            return Ok(Plan {
-                output,
-                change: Change::Single(state),
-            });
-        }
+    if let Some(single) = plan_one(op, config, now, || read(0)) {
+        let (output, state) = single?;
+        return Ok(Plan {
+            output,
+            change: Change::Single(state),
+        });
     }
     let view = Refilled::new(config, now, read);
     let (output, mutation) = op.plan(&view)?;
@@ -443,6 +445,42 @@ where
         output,
         change: Change::General(view, mutation),
     })
+}
+
+/// The single-bandwidth shortcut: for a one-bandwidth `config` and an operation that has one,
+/// the output and the new state of that bandwidth (if it changes), read through `read`;
+/// `None` otherwise (then use [`plan`]). Storages call it first to skip the general engine.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let state = BucketState::new(&config, 0);
+/// let (taken, new) = ops::plan_one(&ops::TryConsume(3), &config, 0, || state.bandwidths()[0])
+///     .expect("one bandwidth, and try_consume has a shortcut")?;
+/// assert!(taken);
+/// assert_eq!(new.map(|s| s.tokens()), Some(7));
+/// assert!(ops::plan_one(&ops::Reset, &config, 0, || state.bandwidths()[0]).is_none());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[inline]
+pub fn plan_one<O, R>(
+    op: &O,
+    config: &BucketConfiguration,
+    now: i64,
+    read: R,
+) -> Option<Single<O::Output>>
+where
+    O: Operation + ?Sized,
+    R: FnOnce() -> BandwidthState,
+{
+    if !O::HAS_SINGLE {
+        return None;
+    }
+    match config.bandwidths() {
+        [b] => op.plan_single(b, math::refill(b, read(), now), now),
+        _ => None,
+    }
 }
 
 /// Runs `op` on the state read through `read` at clock reading `now`; when the state changes,
@@ -503,6 +541,7 @@ pub struct TryConsume(pub u64);
 
 impl Operation for TryConsume {
     type Output = bool;
+    const HAS_SINGLE: bool = true;
     #[inline]
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
@@ -648,6 +687,7 @@ pub struct TryConsumeAndReturnRemaining(pub u64);
 
 impl Operation for TryConsumeAndReturnRemaining {
     type Output = ConsumptionProbe;
+    const HAS_SINGLE: bool = true;
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
         view: &Refilled<'_, R>,
@@ -786,6 +826,7 @@ pub struct EstimateAbilityToConsume(pub u64);
 
 impl Operation for EstimateAbilityToConsume {
     type Output = EstimationProbe;
+    const HAS_SINGLE: bool = true;
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
         view: &Refilled<'_, R>,
@@ -949,6 +990,7 @@ pub struct AvailableTokens;
 
 impl Operation for AvailableTokens {
     type Output = i64;
+    const HAS_SINGLE: bool = true;
     #[inline]
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,

@@ -4,7 +4,7 @@
 
 use core::cell::RefCell;
 
-use bucket4rs_core::ops::Operation;
+use bucket4rs_core::ops::{self, Operation};
 use bucket4rs_core::{
     BandwidthState, BucketConfiguration, BucketState, ConfigError, OperationError,
 };
@@ -40,6 +40,26 @@ impl Exclusive for RefCell<Inner> {
     }
 }
 
+/// Runs `op` in place: the single-bandwidth shortcut when it applies, else the general engine.
+#[inline]
+fn run<O: Operation>(
+    op: &O,
+    config: &BucketConfiguration,
+    state: &mut BucketState,
+    now: i64,
+) -> Result<O::Output, OperationError> {
+    if let [only] = state.bandwidths_mut() {
+        if let Some(single) = ops::plan_one(op, config, now, || *only) {
+            let (out, new) = single?;
+            if let Some(new) = new {
+                *only = new;
+            }
+            return Ok(out);
+        }
+    }
+    state.apply(config, now, op)
+}
+
 macro_rules! exclusive_storage {
     ($(#[$doc:meta])* $name:ident, $cell:ty) => {
         $(#[$doc])*
@@ -57,7 +77,7 @@ macro_rules! exclusive_storage {
         impl Storage for $name {
             #[inline]
             fn execute<O: Operation>(&self, op: &O, now: i64) -> Result<O::Output, OperationError> {
-                self.inner.with(|(config, state)| state.apply(config, now, op))
+                self.inner.with(|(config, state)| run(op, config, state, now))
             }
 
             fn execute_with_config<O: Operation>(

@@ -424,6 +424,32 @@ impl LockFree {
             let Some((cur, slot, config_index, config)) = self.load() else {
                 continue;
             };
+            // One bandwidth: the core's shortcut, without the general engine's plan.
+            if let Some(single) = ops::plan_one(op, config, now, || slot.read(0)) {
+                match single {
+                    Ok((out, Some(state))) => {
+                        let current = (cur & INDEX_MASK) as usize;
+                        let Some((idx, target)) =
+                            self.ensure_spare(&mut spare, current, stride(config))
+                        else {
+                            continue;
+                        };
+                        target.set_config_index(config_index);
+                        target.write(0, state);
+                        if self.publish(cur, slot, idx) {
+                            spare = None;
+                            break Ok((out, finish(config)));
+                        }
+                        backoff.spin();
+                    }
+                    other => {
+                        if self.still(cur) {
+                            break other.map(|(out, _)| (out, finish(config)));
+                        }
+                    }
+                }
+                continue;
+            }
             match ops::plan(op, config, now, |i| slot.read(i)) {
                 Ok(plan) if plan.changes() => {
                     let current = (cur & INDEX_MASK) as usize;
