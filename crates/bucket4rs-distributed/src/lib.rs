@@ -16,7 +16,7 @@
 //!   of clients, exact despite Lua's doubles (see `docs/distributed.md`).
 //! - `PostgresBackend` (feature `postgres`): one statement per operation in the common case,
 //!   shipped schema and migration, expiry reaper (see `docs/distributed.md`).
-//! - [`format`]: the compact, versioned record; [`KeyPolicy`]: safe key names;
+//! - [`format`](mod@format): the compact, versioned record; [`KeyPolicy`]: safe key names;
 //!   [`FailurePolicy`]: what to do when the backend is down.
 //!
 //! ```

@@ -43,7 +43,7 @@
 //! The operations keep Bucket4j's names in snake case (`tryConsume` → `try_consume`,
 //! `tryConsumeAndReturnRemaining` → `try_consume_and_return_remaining`, `asVerbose` →
 //! `as_verbose`, `toListenable` → `to_listenable`, …). Counts are `u64` and durations
-//! [`Duration`](core::time::Duration); bad arguments are typed errors ([`OperationError`],
+//! [`Duration`](std::time::Duration); bad arguments are typed errors ([`OperationError`],
 //! [`ConfigError`]) instead of `IllegalArgumentException`; being rate limited is a value
 //! (`false`, a probe), never an error. The deliberate differences (exact arithmetic, waits
 //! rounded up, fractional tokens kept on replacement, replacement validated like building) are
