@@ -20,6 +20,9 @@ use bucket4rs_core::{
 };
 use serde_json::{Value, json};
 
+#[cfg(feature = "local")]
+pub mod local;
+
 /// The environment variable naming another directory of traces to replay instead.
 pub const DIR_VARIABLE: &str = "BUCKET4RS_CONFORMANCE_DIR";
 
