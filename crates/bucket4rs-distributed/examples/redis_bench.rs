@@ -111,13 +111,21 @@ fn main() {
         .unwrap_or("6379")
         .trim_end_matches('/')
         .to_owned();
+    // Multiplexed connections used round-robin (default 1); BUCKET4RS_BENCH_CONNECTIONS=n.
+    let connections = std::env::var("BUCKET4RS_BENCH_CONNECTIONS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(1);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
     let backend = rt
-        .block_on(RedisBackend::connect(&url, RedisOptions::default()))
+        .block_on(RedisBackend::connect(
+            &url,
+            RedisOptions::default().connections(connections),
+        ))
         .expect("Redis is required");
     let prefix = format!("b4bench-{}", std::process::id());
     println!("bucket4rs Redis backend, {secs} s per scenario, try_consume(1) always granted");
