@@ -1,0 +1,144 @@
+//! Differential test of the single-bandwidth shortcut: for one-bandwidth configurations,
+//! `Operation::plan_single` (what every storage runs first, through `ops::plan_one`) must give
+//! exactly the output and the new state that the general engine gives (`Operation::plan` on a
+//! `Refilled` view, then `Mutation::apply`) — for any state, including garbage ones.
+
+use core::time::Duration;
+
+use bucket4rs_core::ops::{
+    AvailableTokens, EstimateAbilityToConsume, Operation, Refilled, TryConsume,
+    TryConsumeAndReturnRemaining,
+};
+use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, OperationError};
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+
+fn config() -> impl Strategy<Value = BucketConfiguration> {
+    let limits = (
+        1u64..=i64::MAX as u64,
+        1u64..=u32::MAX as u64,
+        0u8..3,
+        any::<u64>(),
+    );
+    limits.prop_filter_map("valid bandwidth", |(capacity, period, kind, extra)| {
+        let period_d = Duration::from_nanos(period);
+        let tokens = 1 + extra % period.min(capacity.max(1));
+        let b = Bandwidth::builder().capacity(capacity);
+        let b = match kind {
+            0 => b.refill_greedy(tokens, period_d),
+            1 => b.refill_intervally(tokens, period_d),
+            _ => b.refill_intervally_aligned(tokens, period_d, Duration::from_nanos(extra >> 2)),
+        };
+        let bandwidth = b.build().ok()?;
+        BucketConfiguration::builder()
+            .add_limit(bandwidth)
+            .build()
+            .ok()
+    })
+}
+
+fn state() -> impl Strategy<Value = BandwidthState> {
+    prop_oneof![
+        // Plausible states.
+        (
+            -1_000_000_000i64..1_000_000_000,
+            -1_000i64..1_000_000,
+            0i64..1_000_000
+        )
+            .prop_map(|(l, s, e)| BandwidthState::from_parts(l, s, e)),
+        // Anything at all (torn reads, corrupted storage).
+        (any::<i64>(), any::<i64>(), any::<i64>())
+            .prop_map(|(l, s, e)| BandwidthState::from_parts(l, s, e)),
+    ]
+}
+
+fn tokens() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(0u64),
+        1u64..100,
+        any::<u64>(),
+        Just(i64::MAX as u64),
+        Just(u64::MAX)
+    ]
+}
+
+type Outcome<T> = Result<(T, Option<BandwidthState>), OperationError>;
+
+/// The general engine on a single bandwidth: plan on the refilled view, apply the mutation.
+fn general<O: Operation>(
+    op: &O,
+    c: &BucketConfiguration,
+    s: BandwidthState,
+    now: i64,
+) -> Outcome<O::Output> {
+    let view = Refilled::new(c, now, |_| s);
+    let (out, mutation) = op.plan(&view)?;
+    Ok((
+        out,
+        mutation.map(|m| m.apply(&c.bandwidths()[0], view.get(0))),
+    ))
+}
+
+fn shortcut<O: Operation>(
+    op: &O,
+    c: &BucketConfiguration,
+    s: BandwidthState,
+    now: i64,
+) -> Outcome<O::Output> {
+    bucket4rs_core::ops::plan_one(op, c, now, || s).expect("every operation here has a shortcut")
+}
+
+fn same<O: Operation>(
+    op: &O,
+    c: &BucketConfiguration,
+    s: BandwidthState,
+    now: i64,
+) -> Result<(), TestCaseError>
+where
+    O::Output: PartialEq + core::fmt::Debug,
+{
+    prop_assert!(O::HAS_SINGLE);
+    prop_assert_eq!(shortcut(op, c, s, now), general(op, c, s, now));
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 3000,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_shortcut_equals_the_general_engine(
+        c in config(),
+        s in state(),
+        now in prop_oneof![any::<i64>(), -2_000_000_000i64..2_000_000_000],
+        n in tokens(),
+    ) {
+        same(&TryConsume(n), &c, s, now)?;
+        same(&TryConsumeAndReturnRemaining(n), &c, s, now)?;
+        same(&EstimateAbilityToConsume(n), &c, s, now)?;
+        same(&AvailableTokens, &c, s, now)?;
+    }
+}
+
+#[test]
+fn the_shortcut_is_taken_only_for_one_bandwidth() {
+    let one = Bandwidth::simple(10, Duration::from_secs(1)).expect("valid");
+    let two = BucketConfiguration::builder()
+        .add_limit(one.clone())
+        .add_limit(Bandwidth::simple(100, Duration::from_secs(60)).expect("valid"))
+        .build()
+        .expect("valid");
+    let s = BandwidthState::from_parts(0, 5, 0);
+    assert!(bucket4rs_core::ops::plan_one(&TryConsume(1), &two, 0, || s).is_none());
+    let single = BucketConfiguration::builder()
+        .add_limit(one)
+        .build()
+        .expect("valid");
+    assert!(bucket4rs_core::ops::plan_one(&TryConsume(1), &single, 0, || s).is_some());
+    // An operation without a shortcut never reads the state.
+    let read = || -> BandwidthState { panic!("must not be read") };
+    assert!(bucket4rs_core::ops::plan_one(&bucket4rs_core::ops::Reset, &single, 0, read).is_none());
+}
