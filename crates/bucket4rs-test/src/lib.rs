@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 #[cfg(feature = "local")]
 pub mod local;
+pub mod recorder;
 
 /// The environment variable naming another directory of traces to replay instead.
 pub const DIR_VARIABLE: &str = "BUCKET4RS_CONFORMANCE_DIR";
