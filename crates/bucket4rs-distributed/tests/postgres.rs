@@ -19,7 +19,7 @@ use bucket4rs_distributed::{
 };
 use bucket4rs_test::replay_all;
 
-use crate::common::{build, runtime, simple};
+use crate::common::{build, epoch_ms, hammer_hot_key, reported, run_children, runtime, simple};
 
 fn url() -> String {
     std::env::var("BUCKET4RS_POSTGRES_URL")
@@ -148,30 +148,7 @@ fn four_processes_share_one_key_and_grant_exactly_its_tokens() {
                 .timeout(Duration::from_secs(20))
                 .build()
                 .unwrap();
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_millis();
-            if start_ms > now_ms {
-                tokio::time::sleep(Duration::from_millis((start_ms - now_ms) as u64)).await;
-            }
-            let mut tasks = Vec::new();
-            for _ in 0..4 {
-                let b = manager.builder().build("hot", config).unwrap();
-                tasks.push(tokio::spawn(async move {
-                    let mut n = 0u64;
-                    for _ in 0..1_000 {
-                        if b.try_consume(1).await.unwrap() {
-                            n += 1;
-                        }
-                    }
-                    n
-                }));
-            }
-            let mut total = 0;
-            for t in tasks {
-                total += t.await.unwrap();
-            }
+            let total = hammer_hot_key(&manager, config, start_ms).await;
             (total, backend.stats())
         });
         println!("STATS {stats:?}");
@@ -187,55 +164,25 @@ fn four_processes_share_one_key_and_grant_exactly_its_tokens() {
     });
     let bucket = manager.builder().build("hot", config).unwrap();
     assert_eq!(rt.block_on(bucket.available_tokens()).unwrap(), 5_000);
-    let start_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        + 1_000;
-    let exe = std::env::current_exe().unwrap();
-    let children: Vec<_> = (0..4)
-        .map(|_| {
-            Command::new(&exe)
-                .args([
-                    "--exact",
-                    "four_processes_share_one_key_and_grant_exactly_its_tokens",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(CHILD_ENV, format!("{}|{start_ms}", table.name))
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let mut total = 0;
+    let start_ms = epoch_ms() + 1_000;
+    let outputs = run_children(
+        "four_processes_share_one_key_and_grant_exactly_its_tokens",
+        CHILD_ENV,
+        &format!("{}|{start_ms}", table.name),
+    );
     let mut per_child = Vec::new();
     let mut pessimistic = 0;
-    for child in children {
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "child failed: {out:?}");
-        let text = String::from_utf8_lossy(&out.stdout);
-        // (libtest may print "test … ... " in front of the child's first line)
-        let stats = text
-            .lines()
-            .find_map(|l| l.split_once("STATS ").map(|(_, s)| s))
-            .unwrap_or_else(|| panic!("child printed no stats: {text}"));
+    for text in &outputs {
+        let stats = reported(text, "STATS ");
         println!("STATS {stats}");
         pessimistic += stats
             .split_once("pessimistic: ")
             .and_then(|(_, n)| n.split(|c: char| !c.is_ascii_digit()).next())
             .and_then(|n| n.parse::<u64>().ok())
             .unwrap_or_else(|| panic!("no pessimistic count in {stats}"));
-        let n: u64 = text
-            .lines()
-            .find_map(|l| l.split_once("GRANTED ").map(|(_, n)| n))
-            .unwrap_or_else(|| panic!("child printed no count: {text}"))
-            .trim()
-            .parse()
-            .unwrap();
-        per_child.push(n);
-        total += n;
+        per_child.push(reported(text, "GRANTED ").parse::<u64>().unwrap());
     }
+    let total: u64 = per_child.iter().sum();
     println!("granted per process: {per_child:?}; locking fallbacks: {pessimistic}");
     assert_eq!(total, 5_000, "per process: {per_child:?}");
     assert_eq!(rt.block_on(bucket.available_tokens()).unwrap(), 0);

@@ -136,3 +136,79 @@ pub(crate) fn simple(capacity: u64, period: std::time::Duration) -> BucketConfig
         .build()
         .expect("configuration")
 }
+
+#[cfg(any(feature = "redis", feature = "postgres"))]
+/// Epoch milliseconds now.
+pub(crate) fn epoch_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+#[cfg(any(feature = "redis", feature = "postgres"))]
+/// Multi-process tests: in a child, waits until epoch millisecond `start_ms` (so the children
+/// start together), then runs 4 tasks × 1,000 `try_consume(1)` on key `hot`; the tokens
+/// granted.
+pub(crate) async fn hammer_hot_key<B: Backend>(
+    manager: &ProxyManager<B>,
+    config: fn() -> BucketConfiguration,
+    start_ms: u128,
+) -> u64 {
+    let now_ms = epoch_ms();
+    if start_ms > now_ms {
+        tokio::time::sleep(std::time::Duration::from_millis((start_ms - now_ms) as u64)).await;
+    }
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let b = manager.builder().build("hot", config).unwrap();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            for _ in 0..1_000 {
+                if b.try_consume(1).await.unwrap() {
+                    n += 1;
+                }
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total
+}
+
+#[cfg(any(feature = "redis", feature = "postgres"))]
+/// Multi-process tests: runs `test` of this test binary in 4 child processes with `env` set to
+/// `value`; each must succeed. Their standard outputs.
+pub(crate) fn run_children(test: &str, env: &str, value: &str) -> Vec<String> {
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            std::process::Command::new(&exe)
+                .args(["--exact", test, "--nocapture", "--test-threads=1"])
+                .env(env, value)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|child| {
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "child failed: {out:?}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .collect()
+}
+
+#[cfg(any(feature = "redis", feature = "postgres"))]
+/// What a child printed after `tag` (libtest may print "test … ... " in front of its first
+/// line, so the tag is searched anywhere in a line).
+pub(crate) fn reported<'t>(text: &'t str, tag: &str) -> &'t str {
+    text.lines()
+        .find_map(|l| l.split_once(tag).map(|(_, v)| v.trim()))
+        .unwrap_or_else(|| panic!("child printed no {tag:?}: {text}"))
+}

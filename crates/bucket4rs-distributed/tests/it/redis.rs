@@ -14,7 +14,9 @@ use bucket4rs_test::replay_all;
 use rand::Rng;
 use redis::AsyncCommands;
 
-use crate::common::{build, runtime, simple, unique_prefix};
+use crate::common::{
+    build, epoch_ms, hammer_hot_key, reported, run_children, runtime, simple, unique_prefix,
+};
 
 fn url() -> String {
     std::env::var("BUCKET4RS_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
@@ -285,31 +287,7 @@ fn four_processes_share_one_key_and_grant_exactly_its_tokens() {
                 .key_prefix(prefix)
                 .build()
                 .unwrap();
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_millis();
-            if start_ms > now_ms {
-                tokio::time::sleep(Duration::from_millis((start_ms - now_ms) as u64)).await;
-            }
-            let mut tasks = Vec::new();
-            for _ in 0..4 {
-                let b = manager.builder().build("hot", config).unwrap();
-                tasks.push(tokio::spawn(async move {
-                    let mut n = 0u64;
-                    for _ in 0..1_000 {
-                        if b.try_consume(1).await.unwrap() {
-                            n += 1;
-                        }
-                    }
-                    n
-                }));
-            }
-            let mut total = 0;
-            for t in tasks {
-                total += t.await.unwrap();
-            }
-            total
+            hammer_hot_key(&manager, config, start_ms).await
         });
         println!("GRANTED {granted}");
         return;
@@ -324,43 +302,17 @@ fn four_processes_share_one_key_and_grant_exactly_its_tokens() {
     });
     let bucket = manager.builder().build("hot", config).unwrap();
     assert_eq!(rt.block_on(bucket.available_tokens()).unwrap(), 5_000);
-    let start_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        + 700;
-    let exe = std::env::current_exe().unwrap();
-    let children: Vec<_> = (0..4)
-        .map(|_| {
-            std::process::Command::new(&exe)
-                .args([
-                    "--exact",
-                    "redis::four_processes_share_one_key_and_grant_exactly_its_tokens",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(CHILD_ENV, format!("{prefix}|{start_ms}"))
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
+    let start_ms = epoch_ms() + 700;
+    let outputs = run_children(
+        "redis::four_processes_share_one_key_and_grant_exactly_its_tokens",
+        CHILD_ENV,
+        &format!("{prefix}|{start_ms}"),
+    );
+    let per_child: Vec<u64> = outputs
+        .iter()
+        .map(|text| reported(text, "GRANTED ").parse().unwrap())
         .collect();
-    let mut total = 0;
-    let mut per_child = Vec::new();
-    for child in children {
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "child failed: {out:?}");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let n: u64 = text
-            .lines()
-            .find_map(|l| l.split_once("GRANTED ").map(|(_, n)| n))
-            .unwrap_or_else(|| panic!("child printed no count: {text}"))
-            .trim()
-            .parse()
-            .unwrap();
-        per_child.push(n);
-        total += n;
-    }
+    let total: u64 = per_child.iter().sum();
     println!("granted per process: {per_child:?}");
     assert_eq!(total, 5_000, "per process: {per_child:?}");
     assert_eq!(rt.block_on(bucket.available_tokens()).unwrap(), 0);
