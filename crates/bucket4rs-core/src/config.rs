@@ -73,6 +73,16 @@ pub struct Bandwidth {
     pub(crate) refill_period: i64,
     /// `refill_period` as a precomputed reciprocal, for division on the hot path.
     pub(crate) period_divisor: StrengthReducedU64,
+    /// Every reachable remainder is a multiple of this quantum: `gcd(refill_tokens, period)`
+    /// for a greedy refill (a refill adds multiples of `refill_tokens` modulo the period), the
+    /// period itself for interval refills (their remainder is always 0).
+    pub(crate) remainder_quantum: i64,
+    /// `refill_period / remainder_quantum`: one token in units of the quantum, precomputed.
+    pub(crate) balance_unit: StrengthReducedU64,
+    /// A greedy refill's rate in scaled units per nanosecond: `refill_tokens / quantum`.
+    pub(crate) scaled_rate: u64,
+    /// The capacity in scaled units (`capacity × unit`), when it fits `i64`.
+    pub(crate) scaled_capacity: Option<i64>,
     pub(crate) kind: RefillKind,
     pub(crate) initial_tokens: Option<i64>,
     pub(crate) id: Option<Arc<str>>,
@@ -443,17 +453,37 @@ impl BandwidthBuilder {
                 }
             }
         };
+        let remainder_quantum = if kind.is_interval() {
+            refill_period
+        } else {
+            gcd(refill_tokens as u64, refill_period as u64) as i64
+        };
         Ok(Bandwidth {
             capacity,
             refill_tokens,
             refill_period,
             // refill_period >= 1 was checked above, so the reciprocal exists.
             period_divisor: StrengthReducedU64::new(refill_period as u64),
+            remainder_quantum,
+            // The quantum divides the period, so the unit is in 1..=period.
+            balance_unit: StrengthReducedU64::new((refill_period / remainder_quantum) as u64),
+            scaled_rate: (refill_tokens / remainder_quantum) as u64,
+            scaled_capacity: capacity.checked_mul(refill_period / remainder_quantum),
             kind,
             initial_tokens,
             id: self.id,
         })
     }
+}
+
+/// Greatest common divisor (Euclid); `gcd(a, 0) = a`.
+const fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        let t = a % b;
+        a = b;
+        b = t;
+    }
+    a
 }
 
 /// An immutable, validated list of bandwidths: the whole rule set of one bucket.

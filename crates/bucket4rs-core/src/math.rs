@@ -7,7 +7,7 @@
 use strength_reduce::StrengthReducedU64;
 
 use crate::config::{Bandwidth, RefillKind};
-use crate::state::BandwidthState;
+use crate::state::{BandwidthState, ScaledState};
 
 /// `i64::MAX`, the saturation value of every wait.
 pub(crate) const MAX: i64 = i64::MAX;
@@ -122,6 +122,34 @@ pub(crate) fn refill(b: &Bandwidth, st: BandwidthState, t: i64) -> BandwidthStat
         }
     }
     refill_wide(b, last_refill, s, e, d, headroom)
+}
+
+/// [`refill`] in the scaled form, for a greedy bandwidth whose scaled capacity fits `i64`
+/// (`None` otherwise). Exact: `refill(st)` scaled equals `refill_scaled(st scaled)`, because a
+/// greedy refill of `d` nanoseconds adds `refill_tokens × d / quantum` units up to capacity.
+#[inline]
+pub(crate) fn refill_scaled(b: &Bandwidth, st: ScaledState, t: i64) -> Option<ScaledState> {
+    if b.kind.is_interval() {
+        return None;
+    }
+    let cap = b.scaled_capacity?;
+    let (l, s) = (st.last_refill_nanos(), st.balance());
+    if t <= l {
+        return Some(st);
+    }
+    if s >= cap {
+        // At or above capacity (force-added): a refill moves only the time.
+        return Some(ScaledState::new(t, s));
+    }
+    // t > l and s < cap: both differences are exact in u64.
+    let elapsed = t.wrapping_sub(l) as u64;
+    let headroom = cap.wrapping_sub(s) as u64;
+    let balance = match b.scaled_rate.checked_mul(elapsed) {
+        // s + add < cap: fits, and wrapping_add computes it exactly.
+        Some(add) if add < headroom => s.wrapping_add(add as i64),
+        _ => cap,
+    };
+    Some(ScaledState::new(t, balance))
 }
 
 /// The rare case of [`refill`] whose product `T * d + e` needs more than 64 bits.

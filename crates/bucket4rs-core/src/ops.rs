@@ -27,7 +27,7 @@ use crate::config::{Bandwidth, BucketConfiguration};
 use crate::error::OperationError;
 use crate::listener::BucketListener;
 use crate::math::{self, MAX};
-use crate::state::BandwidthState;
+use crate::state::{BandwidthState, ScaledState};
 
 /// How many refilled bandwidth states are cached on the stack; beyond this they are recomputed
 /// on each access (still without allocating).
@@ -311,10 +311,25 @@ pub trait Operation {
     ) -> Option<Single<Self::Output>> {
         None
     }
+
+    /// Whether [`plan_scaled`](Operation::plan_scaled) is implemented (a compile-time switch).
+    const HAS_SCALED: bool = false;
+
+    /// A shortcut on the scaled form of a single greedy bandwidth `b` whose refilled state is
+    /// `s` (see [`ScaledState`]): the same result as [`plan_single`](Operation::plan_single),
+    /// computed without division. `None` (the default, or when a value does not fit) means
+    /// "decode and use `plan_single`".
+    #[inline]
+    fn plan_scaled(&self, _b: &Bandwidth, _s: ScaledState) -> Option<Scaled<Self::Output>> {
+        None
+    }
 }
 
 /// The result of [`Operation::plan_single`]: the output and the new state, if it changed.
 pub type Single<T> = Result<(T, Option<BandwidthState>), OperationError>;
+
+/// The result of [`Operation::plan_scaled`]: the output and the new scaled state, if it changed.
+pub type Scaled<T> = Result<(T, Option<ScaledState>), OperationError>;
 
 /// An operation's decision, made on a refilled view and not yet written anywhere.
 ///
@@ -483,6 +498,34 @@ where
     }
 }
 
+/// The operation on a one-bandwidth bucket, whose only bandwidth is `b` and whose state is held
+/// in the scaled form (see [`ScaledState`]): refill and decision without division, exactly as
+/// [`plan_one`] decides. `None` when the operation has no scaled shortcut, `b` is not a greedy
+/// bandwidth whose scaled capacity fits `i64`, or a value does not fit: decode and use
+/// [`plan_one`] then.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ScaledState, ops};
+/// # use core::time::Duration;
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let b = &config.bandwidths()[0];
+/// let s = ScaledState::from_state(b, BucketState::new(&config, 0).bandwidths()[0]).expect("fits");
+/// let (taken, new) = ops::plan_scaled(&ops::TryConsume(3), b, 0, s).expect("shortcut")?;
+/// assert!(taken);
+/// assert_eq!(new.map(|s| s.to_state(b).tokens()), Some(7));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[inline]
+pub fn plan_scaled<O>(op: &O, b: &Bandwidth, now: i64, s: ScaledState) -> Option<Scaled<O::Output>>
+where
+    O: Operation + ?Sized,
+{
+    if !O::HAS_SCALED {
+        return None;
+    }
+    op.plan_scaled(b, math::refill_scaled(b, s, now)?)
+}
+
 /// Runs `op` on the state read through `read` at clock reading `now`; when the state changes,
 /// every bandwidth's new state is passed to `write` (after all reads).
 ///
@@ -569,6 +612,27 @@ impl Operation for TryConsume {
             } else {
                 (false, None)
             }
+        }))
+    }
+    const HAS_SCALED: bool = true;
+    #[inline]
+    fn plan_scaled(&self, b: &Bandwidth, s: ScaledState) -> Option<Scaled<bool>> {
+        let n = match check_tokens(self.0) {
+            Ok(n) => n,
+            Err(e) => return Some(Err(e)),
+        };
+        // tokens >= n  <=>  balance >= n × unit (the remainder part is below one unit). A
+        // product beyond i64 exceeds every balance: rejected.
+        let need = i64::try_from(n)
+            .ok()
+            .and_then(|n| n.checked_mul(b.balance_unit.get() as i64));
+        Some(Ok(match need {
+            // balance >= need >= 0: no overflow.
+            Some(need) if s.balance() >= need => (
+                true,
+                Some(ScaledState::new(s.last_refill_nanos(), s.balance() - need)),
+            ),
+            _ => (false, None),
         }))
     }
 }

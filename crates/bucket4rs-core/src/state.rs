@@ -2,7 +2,9 @@
 
 use alloc::vec::Vec;
 
-use crate::config::BucketConfiguration;
+use strength_reduce::StrengthReducedU64;
+
+use crate::config::{Bandwidth, BucketConfiguration};
 use crate::error::{ConfigError, OperationError};
 use crate::math;
 use crate::ops::{self, ConsumptionProbe, EstimationProbe, Operation};
@@ -70,6 +72,164 @@ impl BandwidthState {
     /// ```
     pub const fn remainder(&self) -> i64 {
         self.remainder
+    }
+
+    /// The exact holding as one integer: `tokens × u + remainder / q`, in units of `q / period`
+    /// token of bandwidth `b`, where the quantum `q` divides every remainder a bandwidth can
+    /// reach (`gcd(refill tokens, period)` for a greedy refill, the period for interval
+    /// refills, whose remainder is always 0) and `u = period / q` is one token.
+    ///
+    /// With the last refill time this is the whole state in two words: local lock-free buckets
+    /// with one bandwidth keep it in a single 128-bit atomic. `None` when the remainder is not a
+    /// multiple of `q` in `0..period` or the result does not fit `i64`; the encoding is
+    /// otherwise exact and [`from_scaled_balance`](Self::from_scaled_balance) inverts it.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BandwidthState};
+    /// # use core::time::Duration;
+    /// // 4 tokens per 100 ns: remainders are multiples of gcd(4, 100) = 4, a token is 25 units.
+    /// let b = Bandwidth::builder().capacity(10).refill_greedy(4, Duration::from_nanos(100)).build()?;
+    /// let s = BandwidthState::from_parts(7, 3, 40);
+    /// assert_eq!(s.scaled_balance(&b), Some(3 * 25 + 10));
+    /// assert_eq!(BandwidthState::from_scaled_balance(&b, 7, 85), s);
+    /// assert_eq!(BandwidthState::from_parts(7, 3, 41).scaled_balance(&b), None);
+    /// assert_eq!(BandwidthState::from_parts(7, i64::MAX, 0).scaled_balance(&b), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn scaled_balance(&self, b: &Bandwidth) -> Option<i64> {
+        let (q, e) = (b.remainder_quantum, self.remainder);
+        if e < 0 || e >= b.refill_period || e % q != 0 {
+            return None;
+        }
+        let unit = b.refill_period / q;
+        match self.tokens.checked_mul(unit) {
+            Some(t) => t.checked_add(e / q),
+            // A debt whose product alone is below `i64::MIN` may still fit with the remainder.
+            None => i64::try_from(self.tokens as i128 * unit as i128 + (e / q) as i128).ok(),
+        }
+    }
+
+    /// The state whose [`scaled_balance`](Self::scaled_balance) for `b` is `scaled`, last
+    /// refilled at `last_refill_nanos`. Total: any `scaled` gives a state whose remainder is a
+    /// multiple of the quantum in `0..period`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BandwidthState};
+    /// # use core::time::Duration;
+    /// // One token per 100 ns: a token is 100 units.
+    /// let b = Bandwidth::builder().capacity(10).refill_greedy(1, Duration::from_nanos(100)).build()?;
+    /// // A debt of 2.5 tokens is -3 tokens plus 50/100.
+    /// assert_eq!(BandwidthState::from_scaled_balance(&b, 0, -250), BandwidthState::from_parts(0, -3, 50));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn from_scaled_balance(b: &Bandwidth, last_refill_nanos: i64, scaled: i64) -> Self {
+        let (tokens, units) = if scaled >= 0 {
+            let (q, r) = StrengthReducedU64::div_rem(scaled as u64, b.balance_unit);
+            // q <= scaled and r < unit: both fit i64.
+            (q as i64, r as i64)
+        } else {
+            // The unit is positive, so neither can overflow.
+            let unit = b.refill_period / b.remainder_quantum;
+            (scaled.div_euclid(unit), scaled.rem_euclid(unit))
+        };
+        Self {
+            last_refill: last_refill_nanos,
+            tokens,
+            // units < period / q, so the product is below the period.
+            remainder: units * b.remainder_quantum,
+        }
+    }
+}
+
+/// One bandwidth's state in the scaled form: the last refill time and the balance in units of
+/// `q / period` token (see [`BandwidthState::scaled_balance`]).
+///
+/// Greedy refill and consumption are additions and comparisons in this form, with no
+/// division: [`ops::plan_scaled`] runs operations on it directly, and one-bandwidth lock-free
+/// buckets keep it in one 128-bit atomic.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BandwidthState, ScaledState};
+/// # use core::time::Duration;
+/// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
+/// let s = ScaledState::from_state(&b, BandwidthState::from_parts(0, 4, 0)).expect("fits");
+/// assert_eq!(s.to_state(&b), BandwidthState::from_parts(0, 4, 0));
+/// assert_eq!(s.last_refill_nanos(), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ScaledState {
+    last_refill: i64,
+    balance: i64,
+}
+
+impl ScaledState {
+    /// A scaled state from its parts.
+    ///
+    /// ```
+    /// # use bucket4rs_core::ScaledState;
+    /// let s = ScaledState::new(5, -7);
+    /// assert_eq!((s.last_refill_nanos(), s.balance()), (5, -7));
+    /// ```
+    pub const fn new(last_refill_nanos: i64, balance: i64) -> Self {
+        Self {
+            last_refill: last_refill_nanos,
+            balance,
+        }
+    }
+
+    /// `st` in the scaled form of bandwidth `b`, when it has one
+    /// ([`BandwidthState::scaled_balance`]).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BandwidthState, ScaledState};
+    /// # use core::time::Duration;
+    /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
+    /// assert!(ScaledState::from_state(&b, BandwidthState::from_parts(0, 1, 0)).is_some());
+    /// assert!(ScaledState::from_state(&b, BandwidthState::from_parts(0, 1, -1)).is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn from_state(b: &Bandwidth, st: BandwidthState) -> Option<Self> {
+        Some(Self::new(st.last_refill, st.scaled_balance(b)?))
+    }
+
+    /// The three-field state of bandwidth `b` this one encodes.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BandwidthState, ScaledState};
+    /// # use core::time::Duration;
+    /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
+    /// // 10 tokens a second: remainders are multiples of gcd(10, 10^9) = 10 ns, so a token
+    /// // is 10^9 / 10 = 10^8 units.
+    /// assert_eq!(ScaledState::new(3, 250_000_000).to_state(&b), BandwidthState::from_parts(3, 2, 500_000_000));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn to_state(self, b: &Bandwidth) -> BandwidthState {
+        BandwidthState::from_scaled_balance(b, self.last_refill, self.balance)
+    }
+
+    /// Clock reading of the last refill.
+    ///
+    /// ```
+    /// # use bucket4rs_core::ScaledState;
+    /// assert_eq!(ScaledState::new(9, 0).last_refill_nanos(), 9);
+    /// ```
+    pub const fn last_refill_nanos(self) -> i64 {
+        self.last_refill
+    }
+
+    /// The balance in scaled units.
+    ///
+    /// ```
+    /// # use bucket4rs_core::ScaledState;
+    /// assert_eq!(ScaledState::new(0, 42).balance(), 42);
+    /// ```
+    pub const fn balance(self) -> i64 {
+        self.balance
     }
 }
 

@@ -1374,3 +1374,55 @@ proptest! {
         prop_assert_eq!(&back, &state);
     }
 }
+
+fn gcd(a: i128, b: i128) -> i128 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+proptest! {
+    #![proptest_config(proptest_config(2000))]
+
+    /// The two-word encoding used by one-bandwidth lock-free buckets is exact: every scaled
+    /// balance decodes to a state whose remainder is a multiple of the quantum in `0..period`
+    /// and that encodes back to it; every encodable state decodes back to itself; and a state
+    /// is encodable exactly when its remainder is such a multiple and `tokens × unit +
+    /// remainder / quantum` fits `i64` (checked in `i128`). The quantum is recomputed here:
+    /// `gcd(refill tokens, period)` for greedy refills, the period for interval refills.
+    #[test]
+    fn scaled_balance_round_trips(
+        spec in bandwidth_spec(true),
+        last in raw_i64(),
+        scaled in raw_i64(),
+        (tokens, remainder) in (raw_i64(), raw_i64()),
+        quanta in -3i64..=3,
+    ) {
+        let b = build_bandwidth(&spec, None);
+        let p = b.refill_period().as_nanos() as i128;
+        let q = if b.refill_kind().is_interval() { p } else { gcd(b.refill_tokens() as i128, p) };
+        let unit = p / q;
+        let decoded = BandwidthState::from_scaled_balance(&b, last, scaled);
+        prop_assert_eq!(decoded.last_refill_nanos(), last);
+        let e = decoded.remainder() as i128;
+        prop_assert!((0..p).contains(&e) && e % q == 0);
+        prop_assert_eq!(decoded.tokens() as i128 * unit + e / q, scaled as i128);
+        prop_assert_eq!(decoded.scaled_balance(&b), Some(scaled));
+
+        // Remainders near multiples of the quantum as well as arbitrary ones.
+        for remainder in [remainder, (remainder as i128 / q * q + quanta as i128) as i64] {
+            let state = BandwidthState::from_parts(last, tokens, remainder);
+            let e = remainder as i128;
+            let wide = tokens as i128 * unit + e / q;
+            let fits = (0..p).contains(&e)
+                && e % q == 0
+                && (i64::MIN as i128..=i64::MAX as i128).contains(&wide);
+            match state.scaled_balance(&b) {
+                Some(s) => {
+                    prop_assert!(fits);
+                    prop_assert_eq!(s as i128, wide);
+                    prop_assert_eq!(BandwidthState::from_scaled_balance(&b, last, s), state);
+                }
+                None => prop_assert!(!fits),
+            }
+        }
+    }
+}

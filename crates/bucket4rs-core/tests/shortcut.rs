@@ -9,7 +9,9 @@ use bucket4rs_core::ops::{
     AvailableTokens, EstimateAbilityToConsume, Operation, Refilled, TryConsume,
     TryConsumeAndReturnRemaining,
 };
-use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, OperationError};
+use bucket4rs_core::{
+    Bandwidth, BandwidthState, BucketConfiguration, OperationError, RefillKind, ScaledState,
+};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
@@ -34,6 +36,26 @@ fn config() -> impl Strategy<Value = BucketConfiguration> {
             .add_limit(bandwidth)
             .build()
             .ok()
+    })
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// Greedy bandwidths whose scaled capacity fits `i64`, where the scaled path must be taken.
+fn small_greedy() -> impl Strategy<Value = BucketConfiguration> {
+    (1u64..1_000_000, 1u64..=u32::MAX as u64, any::<u64>()).prop_map(|(capacity, period, extra)| {
+        let tokens = 1 + extra % period.min(capacity);
+        let b = Bandwidth::builder()
+            .capacity(capacity)
+            .refill_greedy(tokens, Duration::from_nanos(period))
+            .build()
+            .expect("valid");
+        BucketConfiguration::builder()
+            .add_limit(b)
+            .build()
+            .expect("valid")
     })
 }
 
@@ -120,6 +142,56 @@ proptest! {
         same(&TryConsumeAndReturnRemaining(n), &c, s, now)?;
         same(&EstimateAbilityToConsume(n), &c, s, now)?;
         same(&AvailableTokens, &c, s, now)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 3000,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    /// The division-free scaled path (`ops::plan_scaled`, what one-bandwidth lock-free buckets
+    /// run) decides exactly as the decoded shortcut does, on the same state in both forms; and
+    /// it is really taken for a greedy bandwidth whose capacity × period fits `i64`.
+    #[test]
+    fn the_scaled_path_equals_the_shortcut(
+        c in prop_oneof![config(), small_greedy()],
+        last in prop_oneof![any::<i64>(), -1_000_000_000i64..1_000_000_000],
+        balance in prop_oneof![any::<i64>(), -1_000_000i64..1_000_000_000_000, -3i64..=3],
+        now in prop_oneof![any::<i64>(), -2_000_000_000i64..2_000_000_000],
+        n in prop_oneof![tokens(), 1u64..=3],
+        edge in prop::option::of(-2i64..=2),
+    ) {
+        let b = &c.bandwidths()[0];
+        // Optionally a balance right at the edge of `n` tokens, with no refill in between.
+        let (balance, now) = match (edge, i64::try_from(n)) {
+            (Some(delta), Ok(n)) if n <= 3 => {
+                let p = b.refill_period().as_nanos() as i64;
+                let unit = p / gcd(b.refill_tokens() as i64, p);
+                (n * unit + delta, last)
+            }
+            _ => (balance, now),
+        };
+        let scaled = ScaledState::new(last, balance);
+        let s = scaled.to_state(b);
+        prop_assert_eq!(ScaledState::from_state(b, s), Some(scaled));
+        let op = TryConsume(n);
+        match bucket4rs_core::ops::plan_scaled(&op, b, now, scaled) {
+            Some(fast) => {
+                let fast = fast.map(|(out, new)| (out, new.map(|new| new.to_state(b))));
+                prop_assert_eq!(fast, shortcut(&op, &c, s, now));
+            }
+            None => {
+                let small = b.capacity() as i128 * b.refill_period().as_nanos() as i128
+                    <= i64::MAX as i128;
+                prop_assert!(
+                    b.refill_kind() != RefillKind::Greedy || !small,
+                    "the scaled path must be taken for {:?}", b
+                );
+            }
+        }
     }
 }
 
