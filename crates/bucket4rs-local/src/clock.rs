@@ -12,6 +12,7 @@ struct Anchor {
     epoch_nanos: i64,
 }
 
+#[inline]
 fn anchor() -> &'static Anchor {
     static ANCHOR: OnceLock<Anchor> = OnceLock::new();
     ANCHOR.get_or_init(|| {

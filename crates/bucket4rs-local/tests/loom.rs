@@ -149,3 +149,92 @@ fn consume_and_replace_keep_the_balance() {
         assert_eq!(b.configuration(), bigger);
     });
 }
+
+/// A bucket with two bandwidths: it never uses the packed word, only the slot protocol.
+fn two_bandwidth_bucket(initial: u64) -> Arc<LockFreeBucket<ManualClock>> {
+    Arc::new(
+        Bucket::builder()
+            .add_limit(|l| {
+                l.capacity(10)
+                    .refill_greedy(1, Duration::from_secs(3600))
+                    .initial_tokens(initial)
+                    .id("a")
+            })
+            .add_limit(|l| l.capacity(50).refill_greedy(1, Duration::from_secs(60)))
+            .with_clock(ManualClock::new(0))
+            .build()
+            .expect("valid"),
+    )
+}
+
+#[test]
+fn slots_consume_consume_never_oversells() {
+    model(3, || {
+        let b = two_bandwidth_bucket(3);
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let b = b.clone();
+                thread::spawn(move || b.try_consume(2).expect("valid"))
+            })
+            .collect();
+        let wins = handles
+            .into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .filter(|w| *w)
+            .count();
+        assert_eq!(wins, 1, "3 tokens serve exactly one request of 2");
+        assert_eq!(b.available_tokens(), 1);
+    });
+}
+
+#[test]
+fn slots_consume_and_add_are_both_applied() {
+    model(3, || {
+        let b = two_bandwidth_bucket(1);
+        let adder = {
+            let b = b.clone();
+            thread::spawn(move || b.add_tokens(5).expect("valid"))
+        };
+        let consumer = {
+            let b = b.clone();
+            thread::spawn(move || b.try_consume(1).expect("valid"))
+        };
+        adder.join().expect("no panic");
+        assert!(consumer.join().expect("no panic"));
+        assert_eq!(b.available_tokens(), 5);
+    });
+}
+
+/// A debt too deep for the packed word moves the bucket to the slots while another thread
+/// consumes on the packed word: both operations count, whichever order they take, and every
+/// thread that sees the frozen word may complete the move.
+#[test]
+fn leaving_packed_mode_under_a_racing_consumer_keeps_every_token() {
+    model(3, || {
+        // One token per hour: a token is 3.6e12 units of the scaled balance, so a debt of a
+        // million tokens (3.6e18) does not fit 62 bits, while its wait (a million hours) is
+        // still accepted.
+        let b = bucket(10, 5);
+        let debt: u64 = 1_000_000;
+        let debtor = {
+            let b = b.clone();
+            thread::spawn(move || {
+                b.consume_ignoring_rate_limits(debt).expect("valid");
+            })
+        };
+        let consumer = {
+            let b = b.clone();
+            thread::spawn(move || b.try_consume(2).expect("valid"))
+        };
+        debtor.join().expect("no panic");
+        let consumed = consumer.join().expect("no panic");
+        let expected = if consumed {
+            3 - debt as i64
+        } else {
+            5 - debt as i64
+        };
+        assert_eq!(b.available_tokens(), expected);
+        // The move happened: a later operation still sees the exact state.
+        assert!(!b.try_consume(1).expect("valid"));
+    });
+}

@@ -1,6 +1,27 @@
-//! The lock-free strategy: immutable snapshots in recycled slots, published by one CAS.
+//! The lock-free strategy: one 128-bit compare-and-swap for a one-bandwidth bucket; immutable
+//! snapshots in recycled slots, published by one CAS, for everything else.
 //!
-//! # Protocol
+//! # Packed mode (one bandwidth)
+//!
+//! A bucket whose configuration has a single bandwidth keeps its whole state in one 128-bit
+//! word, `packed`: the last refill time, and the balance in the core's scaled form
+//! ([`ScaledState`](bucket4rs_core::ScaledState), `tokens × unit + remainder / quantum`, in 62
+//! bits) with a two-bit mode. An operation loads the word (Acquire), decides with the core —
+//! `ops::plan_scaled` (division-free) for try_consume, else decode and `ops::plan_one` /
+//! `ops::plan` — and, if the state changes, compare-and-swaps the new word in (AcqRel). A
+//! read-only outcome needs no validation: the load was atomic. This is the classic single-word
+//! CAS loop (governor's shape), with an exact two-word state.
+//!
+//! Packed mode ends, for good, when a new state does not fit the word (a forced addition or a
+//! debt beyond 62 bits, a remainder the scaled form cannot hold) or the configuration is
+//! replaced: the thread *freezes* the word (same state, mode FROZEN, so no packed CAS can
+//! succeed any more); then any thread that sees a frozen word installs its state in a slot —
+//! the first publication over the slots' untouched initial `current` (0), so exactly one
+//! installation wins — and marks the word SLOTS. Every thread that meets a frozen word helps,
+//! so none waits for the one that froze it. It is also skipped where the CPU has no native
+//! 128-bit CAS (`portable-atomic` would emulate it with a lock).
+//!
+//! # Slot mode
 //!
 //! The bucket's per-bandwidth state lives in a *slot*: atomic words `[L0, s0, e0, L1, s1, e1,
 //! …]` plus the index of the slot's configuration. `current` holds the index of the slot in
@@ -37,13 +58,13 @@ use std::sync::OnceLock;
 
 use bucket4rs_core::ops::{self, Operation};
 use bucket4rs_core::{
-    BandwidthState, BucketConfiguration, BucketState, ConfigError, OperationError,
+    Bandwidth, BandwidthState, BucketConfiguration, BucketState, ConfigError, OperationError,
 };
 
 use crossbeam_utils::Backoff;
 
 use super::{NewStorage, Replacement, Storage};
-use crate::primitive::{AtomicBool, AtomicI64, AtomicU64, Ordering, fence};
+use crate::primitive::{AtomicBool, AtomicI64, AtomicU64, AtomicU128, Ordering, fence};
 
 const INDEX_BITS: u32 = 16;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
@@ -137,6 +158,8 @@ fn stride(config: &BucketConfiguration) -> usize {
 #[derive(Debug)]
 #[repr(C, align(64))]
 struct Hot {
+    /// The packed one-bandwidth state, or the [`SLOTS`] mode marker (see [`packed`]).
+    packed: AtomicU128,
     current: AtomicU64,
     busy: [AtomicBool; FAST],
     /// The inline slots' words when the first configuration has a single bandwidth.
@@ -187,8 +210,15 @@ pub struct LockFree {
 impl NewStorage for LockFree {
     fn new(config: BucketConfiguration, state: BucketState) -> Self {
         let stride = stride(&config);
+        // Packed mode needs a native 128-bit compare-and-swap: where the CPU has none,
+        // portable-atomic would emulate it with a lock, so the bucket uses the slots only.
+        let packed = match (config.bandwidths(), state.bandwidths()) {
+            ([b], [st]) if AtomicU128::is_lock_free() => packed::encode(b, *st, packed::PACKED),
+            _ => None,
+        };
         let storage = Self {
             hot: Hot {
+                packed: AtomicU128::new(packed.unwrap_or(packed::SLOTS_WORD)),
                 current: AtomicU64::new(0),
                 busy: core::array::from_fn(|i| AtomicBool::new(i == 0)),
                 single: core::array::from_fn(|_| AtomicI64::new(0)),
@@ -411,8 +441,145 @@ impl LockFree {
         }
     }
 
+    /// Runs `op`: on the packed word while the bucket is in packed mode, else on the slots.
     #[inline]
     fn run<O: Operation, T>(
+        &self,
+        op: &O,
+        now: i64,
+        finish: impl Fn(&BucketConfiguration) -> T,
+    ) -> Result<(O::Output, T), OperationError> {
+        let backoff = Backoff::new();
+        loop {
+            let w = self.hot.packed.load(Ordering::Acquire);
+            match packed::mode(w) {
+                packed::PACKED => {
+                    let config = &self.first_config;
+                    let [b] = config.bandwidths() else {
+                        // Unreachable: packed mode is only entered for one bandwidth.
+                        return self.run_slots(op, now, finish);
+                    };
+                    let scaled = packed::scaled(w);
+                    // Division-free first (try_consume on a greedy bandwidth), then decoded.
+                    let step = match ops::plan_scaled(op, b, now, scaled) {
+                        Some(Ok((out, Some(new)))) => {
+                            Step::publish(out, packed::encode_scaled(new, packed::PACKED))
+                        }
+                        Some(other) => Step::Done(other.map(|(out, _)| out)),
+                        None => self.plan_decoded(op, b, scaled.to_state(b), now),
+                    };
+                    match step {
+                        Step::Publish(out, next) => {
+                            if self
+                                .hot
+                                .packed
+                                .compare_exchange(w, next, Ordering::AcqRel, Ordering::Relaxed)
+                                .is_ok()
+                            {
+                                return Ok((out, finish(config)));
+                            }
+                            self.retries.fetch_add(1, Ordering::Relaxed);
+                            backoff.spin();
+                        }
+                        // The new state does not fit the word: move to the slots for good,
+                        // then run the operation there.
+                        Step::Freeze => self.freeze(w),
+                        // Nothing to write: the word was read in one atomic load, so the
+                        // outcome is consistent.
+                        Step::Done(result) => return result.map(|out| (out, finish(config))),
+                    }
+                }
+                packed::FROZEN => self.thaw(w),
+                _ => return self.run_slots(op, now, finish),
+            }
+        }
+    }
+
+    /// The packed path for operations without a scaled shortcut: decode, plan, re-encode.
+    #[inline]
+    fn plan_decoded<O: Operation>(
+        &self,
+        op: &O,
+        b: &Bandwidth,
+        s: BandwidthState,
+        now: i64,
+    ) -> Step<O::Output> {
+        let config = &self.first_config;
+        let step = match ops::plan_one(op, config, now, || s) {
+            Some(single) => single,
+            None => ops::plan(op, config, now, |_| s).map(|plan| {
+                let mut new = None;
+                plan.write(|_, st| new = Some(st));
+                (plan.into_output(), new)
+            }),
+        };
+        match step {
+            Ok((out, Some(new))) => Step::publish(out, packed::encode(b, new, packed::PACKED)),
+            other => Step::Done(other.map(|(out, _)| out)),
+        }
+    }
+
+    /// Stops packed-mode writes: `w` (packed) becomes frozen with the same state. Losing the
+    /// race is fine: the caller reloads the word either way.
+    #[cold]
+    fn freeze(&self, w: u128) {
+        let _ = self.hot.packed.compare_exchange(
+            w,
+            packed::frozen(w),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Completes the move out of packed mode that froze `w`: installs its state in a slot
+    /// (unless another thread already did), then marks the word [`SLOTS`]. Any thread that
+    /// sees a frozen word helps, so no thread waits for the one that froze it.
+    #[cold]
+    fn thaw(&self, w: u128) {
+        // While the bucket was packed, `current` kept its initial value 0 (generation 0,
+        // slot 0); the first publication after the freeze is the installation.
+        if self.hot.current.load(Ordering::Acquire) == 0 {
+            let [b] = self.first_config.bandwidths() else {
+                return;
+            };
+            let state = packed::decode(b, w);
+            let mut spare = None;
+            if let (Some((i, target)), Some(old)) =
+                (self.ensure_spare(&mut spare, 0, 3), self.slot(0))
+            {
+                target.set_config_index(0);
+                target.write(0, state);
+                if self.publish(0, old, i) {
+                    spare = None;
+                }
+            }
+            if let Some((_, s)) = spare {
+                s.busy.store(false, Ordering::Release);
+            }
+        }
+        let _ = self.hot.packed.compare_exchange(
+            w,
+            packed::SLOTS_WORD,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Leaves packed mode (if the bucket is in it), for operations the slots serve.
+    fn leave_packed_mode(&self) {
+        loop {
+            let w = self.hot.packed.load(Ordering::Acquire);
+            match packed::mode(w) {
+                packed::PACKED => self.freeze(w),
+                packed::FROZEN => self.thaw(w),
+                _ => return,
+            }
+        }
+    }
+
+    /// [`run`](Self::run) on the slots.
+    #[inline]
+    fn run_slots<O: Operation, T>(
         &self,
         op: &O,
         now: i64,
@@ -499,6 +666,8 @@ impl Storage for LockFree {
     where
         F: Fn(&BucketConfiguration, &dyn Fn(usize) -> BandwidthState) -> Replacement,
     {
+        // Replacement is rare: it runs on the slots, which can hold any configuration.
+        self.leave_packed_mode();
         let mut spare: Option<(usize, SlotRef<'_>)> = None;
         let backoff = Backoff::new();
         let result = loop {
@@ -539,6 +708,17 @@ impl Storage for LockFree {
 
     fn snapshot(&self) -> (BucketConfiguration, BucketState) {
         loop {
+            let w = self.hot.packed.load(Ordering::Acquire);
+            match (packed::mode(w), self.first_config.bandwidths()) {
+                (packed::PACKED, [b]) => {
+                    let state = BucketState::from_bandwidths(vec![packed::decode(b, w)]);
+                    return (self.first_config.clone(), state);
+                }
+                (packed::FROZEN, _) => self.thaw(w),
+                _ => break,
+            }
+        }
+        loop {
             let Some((cur, slot, _, config)) = self.load() else {
                 continue;
             };
@@ -548,6 +728,141 @@ impl Storage for LockFree {
             if self.still(cur) {
                 return (config.clone(), BucketState::from_bandwidths(list));
             }
+        }
+    }
+}
+
+/// What an operation decided on the packed word.
+enum Step<T> {
+    /// Compare-and-swap this word in, then return the output.
+    Publish(T, u128),
+    /// The new state does not fit the word: leave packed mode.
+    Freeze,
+    /// An outcome that writes nothing.
+    Done(Result<T, OperationError>),
+}
+
+impl<T> Step<T> {
+    #[inline]
+    fn publish(out: T, word: Option<u128>) -> Self {
+        match word {
+            Some(w) => Self::Publish(out, w),
+            None => Self::Freeze,
+        }
+    }
+}
+
+/// The packed representation of a one-bandwidth state: one 128-bit word, so an operation is
+/// one load and one compare-and-swap.
+///
+/// The high half holds the last refill time; the low half the mode (top two bits) and the
+/// scaled balance `tokens × period + remainder` (62-bit two's complement, see
+/// [`BandwidthState::scaled_balance`]). A bucket starts packed when its configuration has one
+/// bandwidth and its state fits; a state that does not fit (a huge forced addition or debt) or a
+/// configuration replacement moves it to the slots for good: the word is first *frozen* (its
+/// state kept, no packed write can succeed any more), the state is installed in a slot by
+/// whichever thread gets there first, and the word becomes [`SLOTS`].
+mod packed {
+    use bucket4rs_core::{Bandwidth, BandwidthState, ScaledState};
+
+    /// Mode: the packed state is in force.
+    pub(super) const PACKED: u64 = 0;
+    /// Mode: the packed state is being moved to the slots.
+    pub(super) const FROZEN: u64 = 1;
+    /// Mode: the slots hold the state.
+    pub(super) const SLOTS: u64 = 2;
+    /// The word of a bucket whose state lives in the slots.
+    pub(super) const SLOTS_WORD: u128 = (SLOTS as u128) << MODE_SHIFT;
+
+    const MODE_SHIFT: u32 = 62;
+    const BALANCE_MASK: u64 = (1 << MODE_SHIFT) - 1;
+
+    #[inline]
+    pub(super) fn mode(w: u128) -> u64 {
+        (w as u64) >> MODE_SHIFT
+    }
+
+    /// `st` packed in `mode`, if its scaled balance fits 62 bits.
+    #[inline]
+    pub(super) fn encode_scaled(st: ScaledState, mode: u64) -> Option<u128> {
+        let balance = st.balance();
+        // Fits 62-bit two's complement exactly when the top three bits agree.
+        if (balance << 2) >> 2 != balance {
+            return None;
+        }
+        let lo = (balance as u64 & BALANCE_MASK) | (mode << MODE_SHIFT);
+        Some(((st.last_refill_nanos() as u64 as u128) << 64) | lo as u128)
+    }
+
+    /// `st` packed in `mode`, if it has a scaled form that fits 62 bits.
+    #[inline]
+    pub(super) fn encode(b: &Bandwidth, st: BandwidthState, mode: u64) -> Option<u128> {
+        encode_scaled(ScaledState::from_state(b, st)?, mode)
+    }
+
+    /// The scaled state packed in `w` (any mode but [`SLOTS`]).
+    #[inline]
+    pub(super) fn scaled(w: u128) -> ScaledState {
+        let lo = w as u64;
+        // Sign-extend the 62-bit balance.
+        ScaledState::new((w >> 64) as u64 as i64, ((lo << 2) as i64) >> 2)
+    }
+
+    /// The state packed in `w` (any mode but [`SLOTS`]).
+    #[inline]
+    pub(super) fn decode(b: &Bandwidth, w: u128) -> BandwidthState {
+        scaled(w).to_state(b)
+    }
+
+    /// `w` (packed) with the frozen mode.
+    #[inline]
+    pub(super) fn frozen(w: u128) -> u128 {
+        (w & !((3u128) << MODE_SHIFT)) | ((FROZEN as u128) << MODE_SHIFT)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use core::time::Duration;
+
+        #[test]
+        fn encode_decode_round_trip_at_the_edges() {
+            // One token per 100 ns: remainders are any of 0..100, a token is 100 units.
+            let b = Bandwidth::builder()
+                .capacity(10)
+                .refill_greedy(1, Duration::from_nanos(100))
+                .build()
+                .unwrap();
+            for (last, tokens, rem) in [
+                (0, 0, 0),
+                (i64::MIN, -1, 99),
+                (i64::MAX, 10, 0),
+                (-5, (1 << 61) / 100 - 1, 99),
+                (7, -(1 << 61) / 100, 0),
+            ] {
+                let st = BandwidthState::from_parts(last, tokens, rem);
+                for m in [PACKED, FROZEN] {
+                    let w = encode(&b, st, m).expect("fits");
+                    assert_eq!(mode(w), m);
+                    assert_eq!(decode(&b, w), st);
+                }
+                let w = encode(&b, st, PACKED).expect("fits");
+                assert_eq!(mode(frozen(w)), FROZEN);
+                assert_eq!(decode(&b, frozen(w)), st);
+            }
+            // Just outside 62 bits, or a remainder out of range: not packable.
+            for (tokens, rem) in [
+                ((1 << 61) / 100, 52),
+                (-(1 << 61) / 100 - 1, 0),
+                (0, 100),
+                (0, -1),
+            ] {
+                assert_eq!(
+                    encode(&b, BandwidthState::from_parts(0, tokens, rem), PACKED),
+                    None
+                );
+            }
+            assert_eq!(mode(SLOTS_WORD), SLOTS);
         }
     }
 }
