@@ -105,6 +105,11 @@ pub enum Command {
     },
     /// `replace_configuration(..)`: only through [`Transaction::apply`].
     ReplaceConfiguration,
+    /// Several operations of one key applied in arrival order in one transaction (the
+    /// manager's request batching, see [`ManagerBuilder::batching`](crate::ManagerBuilder::batching));
+    /// the operations are listed by [`Transaction::batch`]. A backend without a native
+    /// batch path just calls [`Transaction::apply`], which runs them all.
+    Batch(usize),
 }
 
 /// One atomic read-modify-write on a key, made by the manager and run by a backend.
@@ -112,8 +117,19 @@ pub enum Command {
 /// `apply` may be called more than once (a backend retrying an optimistic write calls it
 /// again on the newer record); only the last call's result counts.
 pub trait Transaction: Send {
-    /// The operation, for native fast paths.
+    /// The operation, for native fast paths ([`Command::Batch`] for a batch).
     fn command(&self) -> Command;
+
+    /// For a [`Command::Batch`]: its operations, in the order [`apply`](Self::apply) runs
+    /// them on the record (each on the state the previous one left, all at the same
+    /// instant). `None` (the default) for a single operation.
+    ///
+    /// A native path that runs a batch server-side must apply exactly these operations in
+    /// this order and then, like for one operation, call `apply` on the record it read and
+    /// store what that returns.
+    fn batch(&self) -> Option<&[Command]> {
+        None
+    }
 
     /// Whether `apply` needs the backend's clock (`backend_now` must then be `Some`).
     fn needs_backend_clock(&self) -> bool;

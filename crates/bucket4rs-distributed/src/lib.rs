@@ -60,8 +60,8 @@ pub use embedded::EmbeddedBackend;
 pub use error::{BackendError, BackendErrorKind, DistributedError, FormatError, KeyError};
 pub use key::{KeyPolicy, StorageKey};
 pub use manager::{
-    BlockingRemoteBucket, ManagerBuilder, ProxyManager, RemoteBucket, RemoteBucketBuilder,
-    RetryPolicy, TimeSource, Verbose, VerboseRemoteBucket,
+    Batching, BlockingRemoteBucket, ManagerBuilder, ProxyManager, RemoteBucket,
+    RemoteBucketBuilder, RetryPolicy, TimeSource, Verbose, VerboseRemoteBucket,
 };
 pub use policy::{Decision, FailurePolicy};
 #[cfg(feature = "postgres")]

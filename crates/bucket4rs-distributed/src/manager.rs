@@ -9,7 +9,10 @@ use bucket4rs_core::{
     BucketConfiguration, BucketState, Clock, ConsumptionProbe, EstimationProbe, OperationError,
     SystemNanosClock, TokensInheritanceStrategy,
 };
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
 use rand::Rng;
+use tokio::sync::oneshot;
 
 use crate::backend::{Backend, BackendClock, Command, DecodedWrite, Transaction, Write};
 use crate::error::{BackendError, BackendErrorKind, DistributedError, FormatError};
@@ -147,6 +150,84 @@ struct Inner<B> {
     timeout: Duration,
     retry: RetryPolicy,
     ttl_margin: Duration,
+    batching: Batching,
+    /// Keys with an operation in flight through the batching path, and what queued behind it.
+    lanes: DashMap<StorageKey, Lane>,
+}
+
+/// Per-key request batching (group commit) of a [`ProxyManager`]; see
+/// [`ManagerBuilder::batching`].
+///
+/// While an operation on a key is in flight to the backend, further operations on the same
+/// key from the same manager queue up; when it completes, the queued ones (at most
+/// [`max_batch_size`](Self::max_batch_size)) go to the backend together as **one**
+/// transaction that applies them in arrival order, each getting exactly the result it would
+/// have got alone at that instant. An idle key sends its first operation at once.
+///
+/// ```
+/// use bucket4rs_distributed::Batching;
+/// assert!(Batching::default().is_enabled());
+/// assert_eq!(Batching::up_to(16).max_batch_size(), 16);
+/// assert!(!Batching::disabled().is_enabled());
+/// assert!(!Batching::up_to(1).is_enabled());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Batching {
+    max: usize,
+}
+
+impl Batching {
+    /// The default largest batch.
+    pub const DEFAULT_MAX_BATCH: usize = 64;
+
+    /// No batching: every operation is its own backend transaction, sent at once.
+    ///
+    /// ```
+    /// assert_eq!(bucket4rs_distributed::Batching::disabled().max_batch_size(), 1);
+    /// ```
+    pub const fn disabled() -> Self {
+        Self { max: 1 }
+    }
+
+    /// Batches of at most `max_batch_size` operations (0 and 1 disable batching).
+    ///
+    /// ```
+    /// assert!(bucket4rs_distributed::Batching::up_to(8).is_enabled());
+    /// ```
+    pub const fn up_to(max_batch_size: usize) -> Self {
+        Self {
+            max: if max_batch_size == 0 {
+                1
+            } else {
+                max_batch_size
+            },
+        }
+    }
+
+    /// Whether operations are batched.
+    ///
+    /// ```
+    /// assert!(!bucket4rs_distributed::Batching::disabled().is_enabled());
+    /// ```
+    pub const fn is_enabled(&self) -> bool {
+        self.max > 1
+    }
+
+    /// The largest number of operations sent in one transaction.
+    ///
+    /// ```
+    /// assert_eq!(bucket4rs_distributed::Batching::default().max_batch_size(), 64);
+    /// ```
+    pub const fn max_batch_size(&self) -> usize {
+        self.max
+    }
+}
+
+impl Default for Batching {
+    /// On, at most [`DEFAULT_MAX_BATCH`](Self::DEFAULT_MAX_BATCH) operations per batch.
+    fn default() -> Self {
+        Self::up_to(Self::DEFAULT_MAX_BATCH)
+    }
 }
 
 /// Configures a [`ProxyManager`]: key prefix and length limit, time source, timeout,
@@ -172,9 +253,36 @@ pub struct ManagerBuilder<B> {
     timeout: Duration,
     retry: RetryPolicy,
     ttl_margin: Duration,
+    batching: Batching,
 }
 
 impl<B: Backend> ManagerBuilder<B> {
+    /// Per-key request batching (default: on, [`Batching::default`]).
+    ///
+    /// With batching, operations on a key that arrive while another operation on the same
+    /// key is in flight wait for it and then go to the backend together, as one transaction
+    /// applying them in arrival order at one instant: one round trip (Redis: one script; PostgreSQL:
+    /// one compare-and-set statement) for the whole batch, each caller getting the result it
+    /// would have got alone at that instant. On a hot key this turns N round trips into one;
+    /// an idle key is not delayed. In-process backends
+    /// ([`Backend::is_in_process`]) are never batched: they have no round trip to save.
+    ///
+    /// A queued operation dropped (or timed out) before its batch is sent is never applied;
+    /// once sent it is applied whatever happens to its caller, like an unbatched call
+    /// cancelled while its request is in flight. See `docs/distributed.md`.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{Batching, EmbeddedBackend, ProxyManager};
+    /// let m = ProxyManager::configure(EmbeddedBackend::new())
+    ///     .batching(Batching::up_to(32))
+    ///     .build()?;
+    /// # Ok::<(), bucket4rs_distributed::DistributedError>(())
+    /// ```
+    pub fn batching(mut self, batching: Batching) -> Self {
+        self.batching = batching;
+        self
+    }
+
     /// The key prefix (default `bucket4rs`).
     ///
     /// ```
@@ -292,6 +400,8 @@ impl<B: Backend> ManagerBuilder<B> {
                 timeout: self.timeout,
                 retry: self.retry,
                 ttl_margin: self.ttl_margin,
+                batching: self.batching,
+                lanes: DashMap::new(),
             }),
         })
     }
@@ -337,6 +447,7 @@ impl<B: fmt::Debug> fmt::Debug for ProxyManager<B> {
             .field("timeout", &self.inner.timeout)
             .field("retry", &self.inner.retry)
             .field("ttl_margin", &self.inner.ttl_margin)
+            .field("batching", &self.inner.batching)
             .finish()
     }
 }
@@ -374,6 +485,7 @@ impl<B: Backend> ProxyManager<B> {
             timeout: Duration::from_secs(1),
             retry: RetryPolicy::default(),
             ttl_margin: Duration::from_secs(1),
+            batching: Batching::default(),
         }
     }
 
@@ -757,7 +869,7 @@ remote_op!(
 
 /// What a transaction does to a decoded (or freshly created) record, in place.
 trait Job: Send + Sync {
-    type Output: Send;
+    type Output: Send + Sync;
     /// The output and whether the record changed. On an error `record` is left untouched.
     fn run(
         &self,
@@ -772,7 +884,7 @@ struct OpJob<O>(O);
 impl<O> Job for OpJob<O>
 where
     O: Operation + Send + Sync,
-    O::Output: Send,
+    O::Output: Send + Sync,
 {
     type Output = O::Output;
     fn run(
@@ -886,6 +998,19 @@ impl<J: Job> Transaction for OpTx<'_, J> {
 
 type Outcome<T> = Result<Verbose<T>, DistributedError>;
 
+/// A new record from `supplier` (the key has none).
+fn create_record(
+    supplier: &(dyn Fn() -> BucketConfiguration + Send + Sync),
+    now: i64,
+    wall: bool,
+) -> Result<format::Record, DistributedError> {
+    let config = supplier();
+    config.check_clock(wall)?;
+    format::check_storable(&config)?;
+    let state = BucketState::new(&config, now);
+    Ok(format::Record { config, state })
+}
+
 impl<J: Job> OpTx<'_, J> {
     fn now(&self, backend_now: Option<i64>) -> Result<i64, DistributedError> {
         match (backend_now, self.clock) {
@@ -900,11 +1025,7 @@ impl<J: Job> OpTx<'_, J> {
 
     /// A new record from the supplier (the key has none).
     fn create(&self, now: i64) -> Result<format::Record, DistributedError> {
-        let config = (self.supplier)();
-        config.check_clock(self.wall)?;
-        format::check_storable(&config)?;
-        let state = BucketState::new(&config, now);
-        Ok(format::Record { config, state })
+        create_record(self.supplier, now, self.wall)
     }
 
     fn run_bytes(
@@ -991,6 +1112,310 @@ impl<J: Job> OpTx<'_, J> {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Request batching (see `ManagerBuilder::batching` and docs/distributed.md).
+//
+// A key with an operation in flight through this manager has a `Lane` in `Inner::lanes`.
+// The first operation on an idle key inserts the lane and runs alone, at once. Operations
+// arriving meanwhile are queued in the lane as type-erased `Pending` items, each with a
+// oneshot channel to its caller. When the lane's in-flight work completes (or its caller is
+// cancelled), the queue is cut into a batch (closed channels, i.e. withdrawn callers,
+// skipped) and a spawned task runs it as ONE `BatchTx`, then the next batch, until the queue
+// is empty and the lane is removed, all under the map's shard lock so no item is stranded.
+
+#[derive(Default)]
+struct Lane {
+    queue: Vec<Box<dyn Queued>>,
+}
+
+/// One queued operation with its caller's reply channel, its type erased.
+trait Queued: Send + Sync {
+    fn command(&self) -> Command;
+    /// The caller went away (dropped its future or timed out) before the batch was formed.
+    fn is_withdrawn(&self) -> bool;
+    /// Runs the operation on `record` at `now` exactly as a lone transaction would (the
+    /// supplier creates the record when `None`; on an error the record is left as it was)
+    /// and keeps the outcome. Whether the record must be written.
+    fn apply(&mut self, record: &mut Option<format::Record>, now: i64, wall: bool) -> bool;
+    /// Replaces the outcome with an error (the batch failed as a whole).
+    fn fail(&mut self, e: DistributedError);
+    /// Sends the outcome to the caller (if it is still there).
+    fn deliver(self: Box<Self>);
+}
+
+struct Pending<J: Job> {
+    job: J,
+    command: Command,
+    supplier: Supplier,
+    out: Option<Outcome<J::Output>>,
+    reply: oneshot::Sender<Outcome<J::Output>>,
+}
+
+impl<J: Job> Queued for Pending<J> {
+    fn command(&self) -> Command {
+        self.command
+    }
+
+    fn is_withdrawn(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    fn apply(&mut self, record: &mut Option<format::Record>, now: i64, wall: bool) -> bool {
+        let created = record.is_none();
+        let rec = match record {
+            Some(r) => r,
+            None => match create_record(&*self.supplier, now, wall) {
+                Ok(r) => record.insert(r),
+                Err(e) => {
+                    self.out = Some(Err(e));
+                    return false;
+                }
+            },
+        };
+        match self.job.run(rec, now, wall) {
+            Ok((value, wrote)) => {
+                self.out = Some(Ok(Verbose {
+                    value,
+                    configuration: rec.config.clone(),
+                    state: rec.state.clone(),
+                    now_nanos: now,
+                }));
+                wrote || created
+            }
+            Err(e) => {
+                if created {
+                    // Alone, this operation would have written nothing: the key stays absent.
+                    *record = None;
+                }
+                self.out = Some(Err(e));
+                false
+            }
+        }
+    }
+
+    fn fail(&mut self, e: DistributedError) {
+        self.out = Some(Err(e));
+    }
+
+    fn deliver(self: Box<Self>) {
+        let out = self.out.unwrap_or_else(|| Err(not_run()));
+        // A caller that went away meanwhile simply does not read it.
+        let _ = self.reply.send(out);
+    }
+}
+
+/// Several queued operations of one key as one transaction: `apply` runs them in order on
+/// the record, at one instant, and writes the final state once.
+struct BatchTx<'a> {
+    items: &'a mut [Box<dyn Queued>],
+    commands: Vec<Command>,
+    clock: Option<&'a (dyn Clock + Send + Sync)>,
+    wall: bool,
+    margin: Duration,
+}
+
+impl Transaction for BatchTx<'_> {
+    fn command(&self) -> Command {
+        match self.commands.as_slice() {
+            [one] => *one,
+            many => Command::Batch(many.len()),
+        }
+    }
+
+    fn batch(&self) -> Option<&[Command]> {
+        (self.commands.len() > 1).then_some(self.commands.as_slice())
+    }
+
+    fn needs_backend_clock(&self) -> bool {
+        self.clock.is_none()
+    }
+
+    fn client_now(&self) -> Option<i64> {
+        self.clock.map(|c| c.now_nanos())
+    }
+
+    fn ttl_margin(&self) -> Duration {
+        self.margin
+    }
+
+    fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write {
+        let now = match (backend_now, self.clock) {
+            (Some(n), _) => n,
+            (None, Some(c)) => c.now_nanos(),
+            (None, None) => {
+                for item in self.items.iter_mut() {
+                    item.fail(DistributedError::Backend(BackendError::new(
+                        BackendErrorKind::Protocol,
+                        "the backend did not pass its clock reading",
+                    )));
+                }
+                return Write::Keep;
+            }
+        };
+        let mut record = match current.map(format::decode) {
+            None => None,
+            Some(Ok(r)) => Some(r),
+            Some(Err(e)) => {
+                for item in self.items.iter_mut() {
+                    item.fail(DistributedError::Format(e.clone()));
+                }
+                return Write::Keep;
+            }
+        };
+        let mut changed = false;
+        for item in self.items.iter_mut() {
+            changed |= item.apply(&mut record, now, self.wall);
+        }
+        match record {
+            Some(r) if changed => Write::Put {
+                record: format::encode(&r.config, &r.state),
+                ttl: ttl_of(&r.config, &r.state, now, self.margin),
+            },
+            _ => Write::Keep,
+        }
+    }
+}
+
+/// Held by the operation that runs alone on an idle key: when it completes or is dropped,
+/// hands the lane's queue to a batch task (or removes the lane when nothing queued).
+struct LaneGuard<'a, B: Backend> {
+    manager: &'a ProxyManager<B>,
+    key: &'a StorageKey,
+    handle: tokio::runtime::Handle,
+}
+
+impl<B: Backend> Drop for LaneGuard<'_, B> {
+    fn drop(&mut self) {
+        if let Some(batch) = self.manager.next_batch(self.key) {
+            let drain = Drain {
+                manager: self.manager.clone(),
+                key: self.key.clone(),
+                finished: false,
+            };
+            // On a runtime that is shutting down the task is dropped at once: `Drain`'s
+            // drop then releases the lane and the queued callers get an error.
+            self.handle.spawn(drain.run(batch));
+        }
+    }
+}
+
+/// The task running a lane's batches until its queue is empty.
+struct Drain<B: Backend> {
+    manager: ProxyManager<B>,
+    key: StorageKey,
+    finished: bool,
+}
+
+impl<B: Backend> Drain<B> {
+    async fn run(mut self, mut batch: Vec<Box<dyn Queued>>) {
+        loop {
+            self.manager.run_batch(&self.key, &mut batch).await;
+            match self.manager.next_batch(&self.key) {
+                Some(next) => batch = next,
+                None => break,
+            }
+        }
+        self.finished = true;
+    }
+}
+
+impl<B: Backend> Drop for Drain<B> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Dropped mid-way (runtime shut down): nobody will run the queue. Dropping it
+            // closes every queued caller's channel (they get an error and nothing of theirs
+            // was sent); the in-flight batch's callers likewise, with an unknown outcome, as
+            // for any call cancelled in flight.
+            self.manager.inner.lanes.remove(&self.key);
+        }
+    }
+}
+
+impl<B: Backend> ProxyManager<B> {
+    /// Cuts the next batch from a lane's queue, skipping withdrawn callers; removes the
+    /// lane (the key is idle again) when nothing is left. Under the shard lock, so an
+    /// operation queued concurrently is either in the batch or finds no lane and goes alone.
+    fn next_batch(&self, key: &StorageKey) -> Option<Vec<Box<dyn Queued>>> {
+        let max = self.inner.batching.max;
+        match self.inner.lanes.entry(key.clone()) {
+            Entry::Vacant(_) => None,
+            Entry::Occupied(mut o) => {
+                let queue = &mut o.get_mut().queue;
+                queue.retain(|q| !q.is_withdrawn());
+                if queue.is_empty() {
+                    o.remove();
+                    return None;
+                }
+                let rest = if queue.len() > max {
+                    queue.split_off(max)
+                } else {
+                    Vec::new()
+                };
+                Some(core::mem::replace(queue, rest))
+            }
+        }
+    }
+
+    /// Runs one batch as one backend transaction (with the manager's timeout and retries)
+    /// and delivers every outcome.
+    async fn run_batch(&self, key: &StorageKey, items: &mut Vec<Box<dyn Queued>>) {
+        let inner = &self.inner;
+        let commands = items.iter().map(|q| q.command()).collect();
+        let mut tx = BatchTx {
+            items: items.as_mut_slice(),
+            commands,
+            clock: inner.time.0.as_deref(),
+            wall: inner.wall,
+            margin: inner.ttl_margin,
+        };
+        if let Err(e) = self.transact(key, &mut tx).await {
+            // Every caller gets the error; the last one the original (with its source).
+            let n = items.len();
+            for item in items.iter_mut().take(n.saturating_sub(1)) {
+                item.fail(duplicate(&e));
+            }
+            if let Some(last) = items.last_mut() {
+                last.fail(e);
+            }
+        }
+        for item in items.drain(..) {
+            item.deliver();
+        }
+    }
+}
+
+/// A copy of `e` for another caller of the same batch (a backend error's source, which is
+/// not clonable, stays with the original).
+fn duplicate(e: &DistributedError) -> DistributedError {
+    match e {
+        DistributedError::Operation(o) => DistributedError::Operation(*o),
+        DistributedError::Config(c) => DistributedError::Config(c.clone()),
+        DistributedError::Key(k) => DistributedError::Key(k.clone()),
+        DistributedError::Format(f) => DistributedError::Format(f.clone()),
+        DistributedError::Timeout { after } => DistributedError::Timeout { after: *after },
+        DistributedError::Backend(b) => DistributedError::Backend(
+            BackendError::new(b.kind(), b.message()).retryable(b.is_retryable()),
+        ),
+        DistributedError::Blocking(s) => DistributedError::Blocking(s),
+    }
+}
+
+fn not_run() -> DistributedError {
+    DistributedError::Backend(BackendError::new(
+        BackendErrorKind::Protocol,
+        "the backend completed without running the transaction",
+    ))
+}
+
+/// A queued call whose batch task was dropped (its runtime shut down) before it answered.
+fn abandoned() -> DistributedError {
+    DistributedError::Backend(BackendError::new(
+        BackendErrorKind::Other,
+        "the task running this call's batch was dropped (runtime shut down); \
+         the operation may or may not have been applied",
+    ))
+}
+
 impl<B: Backend> RemoteBucket<B> {
     /// The storage key.
     ///
@@ -1045,7 +1470,22 @@ impl<B: Backend> RemoteBucket<B> {
         }
     }
 
-    async fn run<J: Job>(
+    async fn run<J>(&self, job: J, command: Command) -> Result<Verbose<J::Output>, DistributedError>
+    where
+        J: Job + 'static,
+        J::Output: 'static,
+    {
+        let inner = &self.manager.inner;
+        if inner.batching.is_enabled() && !inner.backend.is_in_process() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                return self.run_batched(job, command, handle).await;
+            }
+        }
+        self.run_alone(job, command).await
+    }
+
+    /// One operation as its own backend transaction.
+    async fn run_alone<J: Job>(
         &self,
         job: J,
         command: Command,
@@ -1061,18 +1501,63 @@ impl<B: Backend> RemoteBucket<B> {
             out: None,
         };
         self.manager.transact(&self.key, &mut tx).await?;
-        tx.out.unwrap_or_else(|| {
-            Err(DistributedError::Backend(BackendError::new(
-                BackendErrorKind::Protocol,
-                "the backend completed without running the transaction",
-            )))
+        tx.out.unwrap_or_else(|| Err(not_run()))
+    }
+
+    /// The batching path: goes at once when the key has nothing in flight (and hands what
+    /// queued meanwhile to a batch task when done), else queues behind it.
+    async fn run_batched<J>(
+        &self,
+        job: J,
+        command: Command,
+        handle: tokio::runtime::Handle,
+    ) -> Result<Verbose<J::Output>, DistributedError>
+    where
+        J: Job + 'static,
+        J::Output: 'static,
+    {
+        let inner = &self.manager.inner;
+        let (job, reply) = match inner.lanes.entry(self.key.clone()) {
+            Entry::Vacant(v) => {
+                v.insert(Lane::default());
+                (Some(job), None)
+            }
+            Entry::Occupied(mut o) => {
+                let (tx, rx) = oneshot::channel();
+                o.get_mut().queue.push(Box::new(Pending {
+                    job,
+                    command,
+                    supplier: Arc::clone(&self.supplier),
+                    out: None,
+                    reply: tx,
+                }));
+                (None, Some(rx))
+            }
+        };
+        if let Some(job) = job {
+            // Released on completion and on cancellation alike.
+            let _lane = LaneGuard {
+                manager: &self.manager,
+                key: &self.key,
+                handle,
+            };
+            return self.run_alone(job, command).await;
+        }
+        let Some(rx) = reply else {
+            return Err(not_run());
+        };
+        // Dropping `rx` (timeout or cancellation) before the batch is formed withdraws the
+        // operation: the batch task skips closed channels.
+        with_timeout(inner.timeout, async move {
+            rx.await.unwrap_or_else(|_| Err(abandoned()))
         })
+        .await
     }
 
     async fn op<O>(&self, op: O) -> Result<Verbose<O::Output>, DistributedError>
     where
-        O: RemoteOp,
-        O::Output: Send,
+        O: RemoteOp + 'static,
+        O::Output: Send + Sync + 'static,
     {
         op.validate()?;
         let command = op.command();
