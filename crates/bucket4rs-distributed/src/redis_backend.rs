@@ -383,6 +383,18 @@ fn command_args(command: Command) -> (u8, u64, u64) {
     }
 }
 
+/// The script's (code, tokens, max wait) arguments of one operation (code 0: computed by the
+/// client).
+fn command_strings(command: Command) -> [String; 3] {
+    let (code, arg, max_wait) = command_args(command);
+    let arg = if code == 4 && arg == u64::MAX {
+        "-1".to_owned()
+    } else {
+        arg.to_string()
+    };
+    [code.to_string(), arg, max_wait.to_string()]
+}
+
 #[async_trait]
 impl Backend for RedisBackend {
     async fn transact(
@@ -390,31 +402,29 @@ impl Backend for RedisBackend {
         key: &StorageKey,
         tx: &mut dyn Transaction,
     ) -> Result<(), BackendError> {
-        let (code, arg, max_wait) = command_args(tx.command());
         let (hi, lo) = match tx.client_now() {
             Some(now) => ((now >> 32).to_string(), (now & 0xffff_ffff).to_string()),
             None => (String::new(), String::new()),
         };
-        let arg = if code == 4 && arg == u64::MAX {
-            "-1".to_owned()
-        } else {
-            arg.to_string()
-        };
         let margin = tx.ttl_margin().as_millis().min(1 << 50).to_string();
-        let reply = self
-            .eval(
-                &self.op,
-                key,
-                &[
-                    code.to_string().as_bytes(),
-                    arg.as_bytes(),
-                    max_wait.to_string().as_bytes(),
-                    hi.as_bytes(),
-                    lo.as_bytes(),
-                    margin.as_bytes(),
-                ],
-            )
-            .await?;
+        // ARGV[1..3]: the command (code 11 and, from ARGV[7], one triple per operation for
+        // a batch); ARGV[4..6]: clock and TTL margin.
+        let mut args: Vec<String> = Vec::with_capacity(6);
+        match tx.batch() {
+            Some(commands) => {
+                args.extend(["11".to_owned(), String::new(), String::new()]);
+                args.extend([hi, lo, margin]);
+                for &command in commands {
+                    args.extend(command_strings(command));
+                }
+            }
+            None => {
+                args.extend(command_strings(tx.command()));
+                args.extend([hi, lo, margin]);
+            }
+        }
+        let arg_refs: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        let reply = self.eval(&self.op, key, &arg_refs).await?;
         let Value::Array(items) = reply else {
             return Err(protocol("script reply is not an array"));
         };

@@ -5,6 +5,9 @@
 -- ARGV[2]  tokens / limit (-1: no limit)        ARGV[3]  max wait (reserve)
 -- ARGV[4]  now high 32 bits, ARGV[5] now low 32 bits (both '' : use TIME)
 -- ARGV[6]  TTL margin in milliseconds
+-- A batch (ARGV[1] = 11): ARGV[7..] holds (command code, tokens, max wait) triples, applied
+-- in order on the record at one instant; written once at the end, or not at all when any
+-- of them cannot be computed exactly here (status 2: the client computes the whole batch).
 --
 -- Returns {status, now_hi, now_lo [, pre-image [, post-image]]}:
 --   0 absent (nothing written), 1 done (post-image present iff written),
@@ -45,8 +48,15 @@ else
 end
 
 if not rec then return {0, nh, nl} end
-local cmd = tonumber(ARGV[1])
-if cmd == 0 then return {2, nh, nl, rec} end
+local cmds = {}
+if ARGV[1] == '11' then
+  for j = 7, #ARGV - 2, 3 do cmds[#cmds + 1] = {tonumber(ARGV[j]), ARGV[j + 1], ARGV[j + 2]} end
+else
+  cmds[1] = {tonumber(ARGV[1]), ARGV[2], ARGV[3]}
+end
+for j = 1, #cmds do
+  if cmds[j][1] == 0 then return {2, nh, nl, rec} end
+end
 if #rec < 12 or string.sub(rec, 1, 6) ~= 'b4rs\1\0' then return {2, nh, nl, rec} end
 local n = struct.unpack('>I2', rec, 7)
 if n < 1 or n > 16 or #rec < 12 + 56 * n then return {2, nh, nl, rec} end
@@ -105,9 +115,6 @@ for i = 1, n do
   B[i] = {kind = kind, c = c, t = t, p = p, lh = lh, ll = ll, s = s, e = e}
 end
 
-local a = B[1].s
-for i = 2, n do if B[i].s < a then a = B[i].s end end
-
 -- wait until `deficit` more tokens (SEMANTICS 5.1); nil when not exact here
 local function wait_for(b, deficit)
   local lmn = minus_now(b.lh, b.ll)
@@ -152,44 +159,52 @@ local function request_wait(tokens)
   return W
 end
 
-local arg = tonumber(ARGV[2])
-local mutate = nil -- 'consume', 'add', 'force', 'reset'
-local amount = 0
-if cmd == 1 or cmd == 2 then
-  if arg <= a then mutate = 'consume'; amount = arg end
-elseif cmd == 4 then
-  if a > 0 then
-    amount = a
-    if arg >= 0 and arg < a then amount = arg end
-    mutate = 'consume'
+local wrote = false
+for j = 1, #cmds do
+  local cmd, arg, maxw = cmds[j][1], tonumber(cmds[j][2]), tonumber(cmds[j][3])
+  local a = B[1].s
+  for i = 2, n do if B[i].s < a then a = B[i].s end end
+  local mutate = nil -- 'consume', 'add', 'force', 'reset'
+  local amount = 0
+  if cmd == 1 or cmd == 2 then
+    if arg <= a then mutate = 'consume'; amount = arg end
+  elseif cmd == 4 then
+    if a > 0 then
+      amount = a
+      if arg >= 0 and arg < a then amount = arg end
+      mutate = 'consume'
+    end
+  elseif cmd == 5 then mutate = 'add'; amount = arg
+  elseif cmd == 6 then mutate = 'force'; amount = arg
+  elseif cmd == 7 then mutate = 'reset'
+  elseif cmd == 9 or cmd == 10 then
+    local W = request_wait(arg)
+    if W == nil then return {2, nh, nl, rec} end
+    if cmd == 9 or W <= maxw then mutate = 'consume'; amount = arg end
+  elseif cmd ~= 3 and cmd ~= 8 then
+    return {2, nh, nl, rec}
   end
-elseif cmd == 5 then mutate = 'add'; amount = arg
-elseif cmd == 6 then mutate = 'force'; amount = arg
-elseif cmd == 7 then mutate = 'reset'
-elseif cmd == 9 or cmd == 10 then
-  local W = request_wait(arg)
-  if W == nil then return {2, nh, nl, rec} end
-  if cmd == 9 or W <= tonumber(ARGV[3]) then mutate = 'consume'; amount = arg end
-elseif cmd ~= 3 and cmd ~= 8 then
-  return {2, nh, nl, rec}
+
+  if mutate ~= nil then
+    wrote = true
+    for i = 1, n do
+      local b = B[i]
+      if mutate == 'consume' then
+        b.s = b.s - amount
+        if b.s <= -LIM then return {2, nh, nl, rec} end
+      elseif mutate == 'add' then
+        if b.s + amount >= b.c then b.s = b.c; b.e = 0 else b.s = b.s + amount end
+      elseif mutate == 'force' then
+        b.s = b.s + amount
+        if b.s >= LIM then return {2, nh, nl, rec} end
+      else
+        b.s = b.c; b.e = 0
+      end
+    end
+  end
 end
 
-if mutate == nil then return {1, nh, nl, rec} end
-
-for i = 1, n do
-  local b = B[i]
-  if mutate == 'consume' then
-    b.s = b.s - amount
-    if b.s <= -LIM then return {2, nh, nl, rec} end
-  elseif mutate == 'add' then
-    if b.s + amount >= b.c then b.s = b.c; b.e = 0 else b.s = b.s + amount end
-  elseif mutate == 'force' then
-    b.s = b.s + amount
-    if b.s >= LIM then return {2, nh, nl, rec} end
-  else
-    b.s = b.c; b.e = 0
-  end
-end
+if not wrote then return {1, nh, nl, rec} end
 
 -- TTL: an upper bound (in doubles, rounded generously upwards) of the time until every
 -- bandwidth is full again, plus the margin. Never shorter than the exact reset wait.
