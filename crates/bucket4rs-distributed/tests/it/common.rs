@@ -1,8 +1,11 @@
 //! The conformance engine shared by every backend.
 
-use bucket4rs_core::{BucketConfiguration, Clock, ManualClock};
+use std::time::Duration;
+
+use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, Clock, ManualClock, ops};
 use bucket4rs_distributed::{Backend, DistributedError, ProxyManager, RemoteBucket, TimeSource};
 use bucket4rs_test::{Engine, Op, outcome};
+use rand::Rng;
 use serde_json::Value;
 use tokio::runtime::Runtime;
 
@@ -211,4 +214,178 @@ pub(crate) fn reported<'t>(text: &'t str, tag: &str) -> &'t str {
     text.lines()
         .find_map(|l| l.split_once(tag).map(|(_, v)| v.trim()))
         .unwrap_or_else(|| panic!("child printed no {tag:?}: {text}"))
+}
+
+/// A random valid configuration of 1..=3 bandwidths, mostly with values where the Lua fast
+/// path applies, sometimes not.
+pub(crate) fn random_config(rng: &mut impl Rng) -> BucketConfiguration {
+    let n = rng.random_range(1..=3);
+    let mut builder = BucketConfiguration::builder();
+    for _ in 0..n {
+        let big = rng.random_bool(0.05);
+        let capacity = if big {
+            rng.random_range(1u64..=i64::MAX as u64)
+        } else {
+            rng.random_range(1u64..=10_000)
+        };
+        let period = if rng.random_bool(0.5) {
+            rng.random_range(1u64..=1_000_000_000_000)
+        } else {
+            rng.random_range(1u64..=10_000)
+        };
+        let tokens = rng.random_range(1..=period.min(capacity.saturating_mul(3)).min(1 << 40));
+        let b = Bandwidth::builder().capacity(capacity);
+        let b = if rng.random_bool(0.6) {
+            b.refill_greedy(tokens, Duration::from_nanos(period))
+        } else {
+            b.refill_intervally(tokens, Duration::from_nanos(period))
+        };
+        let b = if rng.random_bool(0.2) {
+            b.initial_tokens(rng.random_range(0..=capacity))
+        } else {
+            b
+        };
+        builder = builder.add_limit(b.build().unwrap());
+    }
+    builder.build().unwrap()
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RandomOp {
+    TryConsume(u64),
+    Probe(u64),
+    Estimate(u64),
+    AsMuch(Option<u64>),
+    Add(u64),
+    Force(u64),
+    Reset,
+    Available,
+    Ignoring(u64),
+    Reserve(u64, u64),
+}
+
+pub(crate) fn random_op(rng: &mut impl Rng) -> RandomOp {
+    let n = if rng.random_bool(0.9) {
+        rng.random_range(1..=200)
+    } else {
+        rng.random_range(1..=1u64 << 40)
+    };
+    match rng.random_range(0..10) {
+        0 => RandomOp::TryConsume(n),
+        1 => RandomOp::Probe(n),
+        2 => RandomOp::Estimate(n),
+        3 => RandomOp::AsMuch(rng.random_bool(0.5).then_some(n)),
+        4 => RandomOp::Add(n),
+        5 => RandomOp::Force(n),
+        6 => RandomOp::Reset,
+        7 => RandomOp::Available,
+        8 => RandomOp::Ignoring(n),
+        _ => RandomOp::Reserve(n, rng.random_range(1..=u64::MAX)),
+    }
+}
+
+/// The result of an operation, comparable across the core and the remote bucket.
+pub(crate) fn core_result(
+    op: RandomOp,
+    c: &BucketConfiguration,
+    s: &mut BucketState,
+    now: i64,
+) -> String {
+    let r = match op {
+        RandomOp::TryConsume(n) => s
+            .apply(c, now, &ops::TryConsume(n))
+            .map(|v| format!("{v:?}")),
+        RandomOp::Probe(n) => s
+            .apply(c, now, &ops::TryConsumeAndReturnRemaining(n))
+            .map(|v| format!("{v:?}")),
+        RandomOp::Estimate(n) => s
+            .apply(c, now, &ops::EstimateAbilityToConsume(n))
+            .map(|v| format!("{v:?}")),
+        RandomOp::AsMuch(l) => s
+            .apply(c, now, &ops::TryConsumeAsMuchAsPossible(l))
+            .map(|v| format!("{v:?}")),
+        RandomOp::Add(n) => s
+            .apply(c, now, &ops::AddTokens(n))
+            .map(|v| format!("{v:?}")),
+        RandomOp::Force(n) => s
+            .apply(c, now, &ops::ForceAddTokens(n))
+            .map(|v| format!("{v:?}")),
+        RandomOp::Reset => s.apply(c, now, &ops::Reset).map(|v| format!("{v:?}")),
+        RandomOp::Available => s
+            .apply(c, now, &ops::AvailableTokens)
+            .map(|v| format!("{v:?}")),
+        RandomOp::Ignoring(n) => s
+            .apply(c, now, &ops::ConsumeIgnoringRateLimits(n))
+            .map(|v| format!("{v:?}")),
+        RandomOp::Reserve(n, w) => s
+            .apply(
+                c,
+                now,
+                &ops::Reserve {
+                    tokens: n,
+                    max_wait_nanos: w,
+                },
+            )
+            .map(|v| format!("{v:?}")),
+    };
+    match r {
+        Ok(v) => v,
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+pub(crate) async fn remote_result<B: bucket4rs_distributed::Backend>(
+    op: RandomOp,
+    b: &bucket4rs_distributed::RemoteBucket<B>,
+) -> String {
+    fn show<T: std::fmt::Debug>(r: Result<T, DistributedError>) -> String {
+        match r {
+            Ok(v) => format!("{v:?}"),
+            Err(DistributedError::Operation(e)) => format!("error: {e}"),
+            Err(e) => panic!("backend failure: {e:?}"),
+        }
+    }
+    match op {
+        RandomOp::TryConsume(n) => show(b.try_consume(n).await),
+        RandomOp::Probe(n) => show(b.try_consume_and_return_remaining(n).await),
+        RandomOp::Estimate(n) => show(b.estimate_ability_to_consume(n).await),
+        RandomOp::AsMuch(None) => show(b.try_consume_as_much_as_possible().await),
+        RandomOp::AsMuch(Some(l)) => show(b.try_consume_as_much_as_possible_with_limit(l).await),
+        RandomOp::Add(n) => show(b.add_tokens(n).await),
+        RandomOp::Force(n) => show(b.force_add_tokens(n).await),
+        RandomOp::Reset => show(b.reset().await),
+        RandomOp::Available => show(b.available_tokens().await),
+        RandomOp::Ignoring(n) => show(b.consume_ignoring_rate_limits(n).await),
+        RandomOp::Reserve(n, w) => show(b.reserve(n, w).await),
+    }
+}
+
+/// Polls `futures` to completion, each first poll in order: the first one starts (and, on a
+/// remote backend, goes in flight) before the second is polled, and so on. Their outputs, in
+/// order.
+pub(crate) async fn join_in_order<T>(
+    futures: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = T> + '_>>>,
+) -> Vec<T> {
+    let mut futures = futures;
+    let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *o = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter()
+        .map(|o| o.expect("every future completed"))
+        .collect()
 }

@@ -1,6 +1,7 @@
 //! Integration tests of bucket4rs-distributed (one binary; Redis modules need `--features redis`
 //! and a Redis at `BUCKET4RS_REDIS_URL`, default `redis://127.0.0.1:6379`).
 
+mod batching;
 mod common;
 mod custom_backend;
 mod embedded;

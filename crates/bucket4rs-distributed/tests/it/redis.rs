@@ -4,9 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bucket4rs_core::{
-    Bandwidth, BandwidthState, BucketConfiguration, BucketState, Clock, ManualClock, ops,
-};
+use bucket4rs_core::{BandwidthState, BucketState, Clock, ManualClock};
 use bucket4rs_distributed::{
     DistributedError, FormatError, ProxyManager, RedisBackend, RedisOptions, TimeSource, format,
 };
@@ -15,7 +13,8 @@ use rand::Rng;
 use redis::AsyncCommands;
 
 use crate::common::{
-    build, epoch_ms, hammer_hot_key, reported, run_children, runtime, simple, unique_prefix,
+    RandomOp, build, core_result, epoch_ms, hammer_hot_key, join_in_order, random_config,
+    random_op, remote_result, reported, run_children, runtime, simple, unique_prefix,
 };
 
 fn url() -> String {
@@ -64,145 +63,6 @@ fn every_trace_replays_through_redis_with_a_manual_client_clock() {
     // path for the extreme traces and replacements.
     assert!(stats.fast_path > 1_000, "{stats:?}");
     assert!(stats.exact_path > 172, "{stats:?}");
-}
-
-/// A random valid configuration of 1..=3 bandwidths, mostly with values where the Lua fast
-/// path applies, sometimes not.
-fn random_config(rng: &mut impl Rng) -> BucketConfiguration {
-    let n = rng.random_range(1..=3);
-    let mut builder = BucketConfiguration::builder();
-    for _ in 0..n {
-        let big = rng.random_bool(0.05);
-        let capacity = if big {
-            rng.random_range(1u64..=i64::MAX as u64)
-        } else {
-            rng.random_range(1u64..=10_000)
-        };
-        let period = if rng.random_bool(0.5) {
-            rng.random_range(1u64..=1_000_000_000_000)
-        } else {
-            rng.random_range(1u64..=10_000)
-        };
-        let tokens = rng.random_range(1..=period.min(capacity.saturating_mul(3)).min(1 << 40));
-        let b = Bandwidth::builder().capacity(capacity);
-        let b = if rng.random_bool(0.6) {
-            b.refill_greedy(tokens, Duration::from_nanos(period))
-        } else {
-            b.refill_intervally(tokens, Duration::from_nanos(period))
-        };
-        let b = if rng.random_bool(0.2) {
-            b.initial_tokens(rng.random_range(0..=capacity))
-        } else {
-            b
-        };
-        builder = builder.add_limit(b.build().unwrap());
-    }
-    builder.build().unwrap()
-}
-
-#[derive(Clone, Copy, Debug)]
-enum RandomOp {
-    TryConsume(u64),
-    Probe(u64),
-    Estimate(u64),
-    AsMuch(Option<u64>),
-    Add(u64),
-    Force(u64),
-    Reset,
-    Available,
-    Ignoring(u64),
-    Reserve(u64, u64),
-}
-
-fn random_op(rng: &mut impl Rng) -> RandomOp {
-    let n = if rng.random_bool(0.9) {
-        rng.random_range(1..=200)
-    } else {
-        rng.random_range(1..=1u64 << 40)
-    };
-    match rng.random_range(0..10) {
-        0 => RandomOp::TryConsume(n),
-        1 => RandomOp::Probe(n),
-        2 => RandomOp::Estimate(n),
-        3 => RandomOp::AsMuch(rng.random_bool(0.5).then_some(n)),
-        4 => RandomOp::Add(n),
-        5 => RandomOp::Force(n),
-        6 => RandomOp::Reset,
-        7 => RandomOp::Available,
-        8 => RandomOp::Ignoring(n),
-        _ => RandomOp::Reserve(n, rng.random_range(1..=u64::MAX)),
-    }
-}
-
-/// The result of an operation, comparable across the core and the remote bucket.
-fn core_result(op: RandomOp, c: &BucketConfiguration, s: &mut BucketState, now: i64) -> String {
-    let r = match op {
-        RandomOp::TryConsume(n) => s
-            .apply(c, now, &ops::TryConsume(n))
-            .map(|v| format!("{v:?}")),
-        RandomOp::Probe(n) => s
-            .apply(c, now, &ops::TryConsumeAndReturnRemaining(n))
-            .map(|v| format!("{v:?}")),
-        RandomOp::Estimate(n) => s
-            .apply(c, now, &ops::EstimateAbilityToConsume(n))
-            .map(|v| format!("{v:?}")),
-        RandomOp::AsMuch(l) => s
-            .apply(c, now, &ops::TryConsumeAsMuchAsPossible(l))
-            .map(|v| format!("{v:?}")),
-        RandomOp::Add(n) => s
-            .apply(c, now, &ops::AddTokens(n))
-            .map(|v| format!("{v:?}")),
-        RandomOp::Force(n) => s
-            .apply(c, now, &ops::ForceAddTokens(n))
-            .map(|v| format!("{v:?}")),
-        RandomOp::Reset => s.apply(c, now, &ops::Reset).map(|v| format!("{v:?}")),
-        RandomOp::Available => s
-            .apply(c, now, &ops::AvailableTokens)
-            .map(|v| format!("{v:?}")),
-        RandomOp::Ignoring(n) => s
-            .apply(c, now, &ops::ConsumeIgnoringRateLimits(n))
-            .map(|v| format!("{v:?}")),
-        RandomOp::Reserve(n, w) => s
-            .apply(
-                c,
-                now,
-                &ops::Reserve {
-                    tokens: n,
-                    max_wait_nanos: w,
-                },
-            )
-            .map(|v| format!("{v:?}")),
-    };
-    match r {
-        Ok(v) => v,
-        Err(e) => format!("error: {e}"),
-    }
-}
-
-async fn remote_result<B: bucket4rs_distributed::Backend>(
-    op: RandomOp,
-    b: &bucket4rs_distributed::RemoteBucket<B>,
-) -> String {
-    fn show<T: std::fmt::Debug>(r: Result<T, DistributedError>) -> String {
-        match r {
-            Ok(v) => format!("{v:?}"),
-            Err(DistributedError::Operation(e)) => format!("error: {e}"),
-            Err(e) => panic!("backend failure: {e:?}"),
-        }
-    }
-    match op {
-        RandomOp::TryConsume(n) => show(b.try_consume(n).await),
-        RandomOp::Probe(n) => show(b.try_consume_and_return_remaining(n).await),
-        RandomOp::Estimate(n) => show(b.estimate_ability_to_consume(n).await),
-        RandomOp::AsMuch(None) => show(b.try_consume_as_much_as_possible().await),
-        RandomOp::AsMuch(Some(l)) => show(b.try_consume_as_much_as_possible_with_limit(l).await),
-        RandomOp::Add(n) => show(b.add_tokens(n).await),
-        RandomOp::Force(n) => show(b.force_add_tokens(n).await),
-        RandomOp::Reset => show(b.reset().await),
-        RandomOp::Available => show(b.available_tokens().await),
-        RandomOp::Ignoring(n) => show(b.consume_ignoring_rate_limits(n).await),
-        RandomOp::Reserve(n, w) => show(b.reserve(n, w).await),
-    }
 }
 
 #[test]
@@ -265,6 +125,87 @@ fn lua_fast_path_is_byte_identical_to_the_core_on_random_states() {
             "the fast path was rarely taken: {stats:?}"
         );
         assert!(stats.exact_path > 0, "{stats:?}");
+    });
+}
+
+/// Batches (several queued operations of one key in one `EVALSHA`, the script looping over
+/// them) give every caller the core's sequential result and store the core's bytes.
+#[test]
+fn lua_batches_are_byte_identical_to_the_core_applied_in_order() {
+    let rt = runtime();
+    rt.block_on(async {
+        let backend = backend().await;
+        let mut raw = raw().await;
+        let prefix = unique_prefix("batch");
+        let mut rng = rand::rng();
+        let cases = 400;
+        let mut ops_sent = 0u64;
+        let before = backend.stats();
+        for case in 0..cases {
+            let config = random_config(&mut rng);
+            let t0: i64 = rng.random_range(-1_000_000_000_000..=2_000_000_000_000_000_000);
+            let mut state = BucketState::new(&config, t0);
+            let mut now = t0;
+            for _ in 0..rng.random_range(0..4) {
+                now += rng.random_range(-1_000..=5_000_000_000);
+                let _ = core_result(random_op(&mut rng), &config, &mut state, now);
+            }
+            now += rng.random_range(0..=2_000_000_000);
+            let clock = ManualClock::new(now);
+            let manager = ProxyManager::configure(backend.clone())
+                .key_prefix(prefix.as_str())
+                .time_source(TimeSource::client(clock.clone()))
+                .build()
+                .unwrap();
+            let c2 = config.clone();
+            let bucket = manager
+                .builder()
+                .build(format!("k{case}"), move || c2.clone())
+                .unwrap();
+            let _: () = raw
+                .set(bucket.key().as_str(), format::encode(&config, &state))
+                .await
+                .unwrap();
+            // The first goes alone; the others queue behind it and go as one batch.
+            let ops: Vec<RandomOp> = (0..rng.random_range(2..=9))
+                .map(|_| random_op(&mut rng))
+                .collect();
+            ops_sent += ops.len() as u64;
+            let expected: Vec<String> = ops
+                .iter()
+                .map(|op| core_result(*op, &config, &mut state, now))
+                .collect();
+            let got = join_in_order(
+                ops.iter()
+                    .map(|op| {
+                        Box::pin(remote_result(*op, &bucket))
+                            as std::pin::Pin<Box<dyn std::future::Future<Output = String>>>
+                    })
+                    .collect(),
+            )
+            .await;
+            assert_eq!(got, expected, "case {case}: {ops:?} on {config:?}");
+            let stored: Vec<u8> = raw.get(bucket.key().as_str()).await.unwrap();
+            assert_eq!(
+                stored,
+                format::encode(&config, &state),
+                "case {case}: {ops:?}"
+            );
+        }
+        let stats = backend.stats();
+        let trips = stats.round_trips - before.round_trips;
+        let fast = stats.fast_path - before.fast_path;
+        println!("batch cross-check: {ops_sent} operations, {trips} round trips, {stats:?}");
+        // Two transactions per case (the lone first operation, then the batch); the exact
+        // path adds a compare-and-set round trip when a value is out of the script's range.
+        assert!(
+            trips < ops_sent * 2 / 3,
+            "{trips} round trips for {ops_sent} operations"
+        );
+        assert!(
+            fast > cases * 2 * 7 / 10,
+            "the batch script was rarely taken: {stats:?}"
+        );
     });
 }
 
