@@ -7,7 +7,7 @@
 //!
 //! For 1 and 16 concurrent clients, on one hot key and spread over 10,000 keys, reports
 //! bucket4rs ops/s (`try_consume(1)`, database clock, always granted) with statements per
-//! operation, and `pgbench -n -f script.sql -c N -j N -T <seconds>` tps for
+//! operation, with request batching (the default) and without (`Batching::disabled()`), and `pgbench -n -f script.sql -c N -j N -T <seconds>` tps for
 //! `UPDATE t SET v = v + 1 WHERE k = …` on a throwaway table. Uses `BUCKET4RS_POSTGRES_URL`
 //! (default `postgres://postgres@127.0.0.1:5432/test`); drops its tables at the end.
 
@@ -17,7 +17,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bucket4rs_core::{Bandwidth, BucketConfiguration};
-use bucket4rs_distributed::{PostgresBackend, PostgresOptions, ProxyManager, RemoteBucket};
+use bucket4rs_distributed::{
+    Batching, PostgresBackend, PostgresOptions, ProxyManager, RemoteBucket,
+};
+
+/// Numbers the runs: each uses its own keys.
+static RUN: AtomicU64 = AtomicU64::new(0);
 
 fn psql(url: &str, sql: &str) {
     let out = Command::new("psql")
@@ -56,9 +61,19 @@ fn pgbench(url: &str, table: &str, clients: usize, keys: usize, secs: u64) -> St
     }
 }
 
-async fn run(backend: &PostgresBackend, clients: usize, keys: usize, secs: u64) -> (f64, f64) {
+async fn run(
+    backend: &PostgresBackend,
+    clients: usize,
+    keys: usize,
+    secs: u64,
+    batching: Batching,
+) -> (f64, f64) {
     let manager = ProxyManager::configure(backend.clone())
-        .key_prefix(format!("c{clients}"))
+        .key_prefix(format!(
+            "c{clients}r{}",
+            RUN.fetch_add(1, Ordering::Relaxed)
+        ))
+        .batching(batching)
         .build()
         .expect("manager");
     let config = BucketConfiguration::builder()
@@ -139,8 +154,12 @@ fn main() {
         .build()
         .expect("runtime");
     println!("bucket4rs PostgreSQL backend vs pgbench (single-row UPDATE), {secs} s per scenario");
-    println!("| clients | keys   | bucket4rs ops/s | statements/op | pgbench tps | ratio |");
-    println!("|--------:|-------:|----------------:|--------------:|------------:|------:|");
+    println!(
+        "| clients | keys   | batched ops/s | stmts/op | unbatched ops/s | stmts/op | pgbench tps | batched/pgbench | unbatched/pgbench |"
+    );
+    println!(
+        "|--------:|-------:|--------------:|---------:|----------------:|---------:|------------:|------:|------:|"
+    );
     for clients in [1usize, 16] {
         let backend = rt
             .block_on(PostgresBackend::connect(
@@ -153,14 +172,20 @@ fn main() {
             .expect("PostgreSQL is required");
         rt.block_on(backend.migrate()).expect("migrate");
         for keys in [1usize, 10_000] {
-            let (ops, trips) = rt.block_on(run(&backend, clients, keys, secs));
+            // Unbatched first, then batched, each on its own keys, then pgbench.
+            let (ops1, trips1) =
+                rt.block_on(run(&backend, clients, keys, secs, Batching::disabled()));
+            let (ops, trips) = rt.block_on(run(&backend, clients, keys, secs, Batching::default()));
             let tps = pgbench(&url, &theirs, clients, keys, secs);
-            let ratio = tps
-                .parse::<f64>()
-                .map(|t| format!("{:.2}", ops / t))
-                .unwrap_or_else(|_| "-".into());
+            let ratio = |ops: f64| {
+                tps.parse::<f64>()
+                    .map(|t| format!("{:.2}", ops / t))
+                    .unwrap_or_else(|_| "-".into())
+            };
             println!(
-                "| {clients:>7} | {keys:>6} | {ops:>15.0} | {trips:>13.3} | {tps:>11} | {ratio:>5} |"
+                "| {clients:>7} | {keys:>6} | {ops:>13.0} | {trips:>8.3} | {ops1:>15.0} | {trips1:>8.3} | {tps:>11} | {:>5} | {:>5} |",
+                ratio(ops),
+                ratio(ops1)
             );
         }
         println!("stats ({clients} clients): {:?}", backend.stats());
