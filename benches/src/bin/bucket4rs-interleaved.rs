@@ -1,0 +1,125 @@
+//! An interleaved, single-thread comparison for noisy machines: the success and rejection paths
+//! of each local strategy and of governor, measured in short alternating bursts.
+//!
+//! Criterion measures one function for seconds, then the next; when other work shares the
+//! cores, the load differs between the two windows and the ratio drifts. Here every round
+//! runs one short burst of each case in turn, so all cases see the same background; a burst
+//! that was preempted is slow, so the *minimum* over many rounds is each case's undisturbed
+//! cost and the *median* shows the typical one. Ratios are printed against governor.
+//!
+//! `cargo run --release -p bucket4rs-benches --bin bucket4rs-interleaved [rounds] [only]`
+//!
+//! With `only`, just the cases whose name contains it run (for profiling one of them, e.g.
+//! under `valgrind --tool=callgrind`); the ratio column then needs governor among them.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::Instant;
+
+use bucket4rs_benches::{never_dry, slow};
+use governor::{Quota, RateLimiter};
+
+/// Operations per burst: long enough to dwarf the timer, short enough to fit a time slice.
+const BURST: u32 = 20_000;
+
+struct Case<'a> {
+    name: &'static str,
+    run: Box<dyn Fn() -> bool + 'a>,
+    samples: Vec<f64>,
+}
+
+fn case<'a>(name: &'static str, run: impl Fn() -> bool + 'a) -> Case<'a> {
+    Case {
+        name,
+        run: Box::new(run),
+        samples: Vec::new(),
+    }
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn measure(cases: &mut [Case<'_>], rounds: usize, only: &str) {
+    for _ in 0..rounds {
+        for c in cases.iter_mut().filter(|c| c.name.contains(only)) {
+            let start = Instant::now();
+            for _ in 0..BURST {
+                black_box((c.run)());
+            }
+            c.samples
+                .push(start.elapsed().as_nanos() as f64 / f64::from(BURST));
+        }
+    }
+}
+
+fn report(title: &str, cases: &mut [Case<'_>], reference: &str) {
+    for c in cases.iter_mut() {
+        c.samples.sort_by(f64::total_cmp);
+    }
+    let stat = |c: &Case<'_>| (c.samples[0], c.samples[c.samples.len() / 2]);
+    let measured = || cases.iter().filter(|c| !c.samples.is_empty());
+    let base = measured().find(|c| c.name == reference).map(stat);
+    println!("{title}");
+    println!(
+        "  {:<14} {:>9} {:>9} {:>12} {:>12}",
+        "case", "min ns", "median ns", "min ratio", "median ratio"
+    );
+    for c in measured() {
+        let (min, med) = stat(c);
+        let ratio = |x: f64, base: Option<f64>| {
+            base.map_or_else(|| "-".to_owned(), |b| format!("{:.2}x", x / b))
+        };
+        println!(
+            "  {:<14} {:>9.2} {:>9.2} {:>12} {:>12}",
+            c.name,
+            min,
+            med,
+            ratio(min, base.map(|b| b.0)),
+            ratio(med, base.map(|b| b.1))
+        );
+    }
+}
+
+fn main() {
+    let rounds = std::env::args()
+        .nth(1)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(300);
+    let only = std::env::args().nth(2).unwrap_or_default();
+
+    let lf = never_dry().build().expect("config");
+    let sy = never_dry().build_synchronized().expect("config");
+    let un = never_dry().build_unsynchronized().expect("config");
+    let gov = RateLimiter::direct(Quota::per_second(NonZeroU32::MAX));
+    let mut success = [
+        case("lock-free", || lf.try_consume(1).expect("valid")),
+        case("synchronized", || sy.try_consume(1).expect("valid")),
+        case("unsync", || un.try_consume(1).expect("valid")),
+        case("governor", || gov.check().is_ok()),
+    ];
+    measure(&mut success, rounds, &only);
+    report(
+        "success path (try_consume(1) / check())",
+        &mut success,
+        "governor",
+    );
+
+    let lf = slow().build().expect("config");
+    let sy = slow().build_synchronized().expect("config");
+    let un = slow().build_unsynchronized().expect("config");
+    let gov = RateLimiter::direct(Quota::per_hour(NonZeroU32::MIN));
+    for taken in [
+        lf.try_consume(1),
+        sy.try_consume(1),
+        un.try_consume(1),
+        Ok(gov.check().is_ok()),
+    ] {
+        assert!(taken.expect("valid"), "the only token is taken first");
+    }
+    let mut rejection = [
+        case("lock-free", || lf.try_consume(1).expect("valid")),
+        case("synchronized", || sy.try_consume(1).expect("valid")),
+        case("unsync", || un.try_consume(1).expect("valid")),
+        case("governor", || gov.check().is_ok()),
+    ];
+    measure(&mut rejection, rounds, &only);
+    report("rejection path", &mut rejection, "governor");
+}
