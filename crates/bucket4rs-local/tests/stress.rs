@@ -49,8 +49,13 @@ fn lock_free_grants_exactly_the_capacity_and_really_retries() {
     let mut retries = 0;
     for _ in 0..100 {
         let bucket = hourly::<LockFree>(ManualClock::new(0));
+        assert!(
+            bucket.storage().is_packed(),
+            "one bandwidth runs on the packed word"
+        );
         assert_eq!(exact_successes(&bucket), TOKENS);
         assert_eq!(bucket.available_tokens(), 0);
+        assert!(bucket.storage().is_packed());
         retries += bucket.storage().contention_retries();
     }
     // The compare-and-swap loop must actually have been exercised by contention.
@@ -58,6 +63,46 @@ fn lock_free_grants_exactly_the_capacity_and_really_retries() {
         retries > 0,
         "no CAS retry in 100 contended runs: the stress test proves nothing"
     );
+}
+
+/// A debt too deep for the packed word, taken and given back while 8 threads consume, moves
+/// the bucket to the slots mid-run: every token is still counted.
+#[test]
+fn leaving_packed_mode_mid_run_keeps_every_token() {
+    // 1,000 per hour: a token is 3.6e9 scaled units, so 10^9 tokens of debt exceed 62 bits.
+    const DEBT: u64 = 1_000_000_000;
+    for _ in 0..20 {
+        let bucket = hourly::<LockFree>(ManualClock::new(0));
+        let successes = AtomicU64::new(0);
+        let barrier = Barrier::new(THREADS + 1);
+        std::thread::scope(|s| {
+            for _ in 0..THREADS {
+                s.spawn(|| {
+                    barrier.wait();
+                    let mut mine = 0;
+                    for _ in 0..ATTEMPTS / 4 {
+                        if bucket.try_consume(1).expect("valid") {
+                            mine += 1;
+                        }
+                    }
+                    successes.fetch_add(mine, Ordering::Relaxed);
+                });
+            }
+            s.spawn(|| {
+                barrier.wait();
+                std::thread::yield_now();
+                bucket.consume_ignoring_rate_limits(DEBT).expect("valid");
+                bucket.force_add_tokens(DEBT).expect("valid");
+            });
+        });
+        assert!(
+            !bucket.storage().is_packed(),
+            "the debt moved the bucket to the slots"
+        );
+        let taken = successes.load(Ordering::Relaxed);
+        assert!(taken <= TOKENS);
+        assert_eq!(bucket.available_tokens(), (TOKENS - taken) as i64);
+    }
 }
 
 #[test]

@@ -261,6 +261,27 @@ impl LockFree {
         self.retries.load(Ordering::Relaxed)
     }
 
+    /// Whether the bucket runs on the packed 128-bit word (one bandwidth, a state that fits)
+    /// rather than on the slots. Once it leaves packed mode it never returns.
+    ///
+    /// ```
+    /// use bucket4rs_local::{Bucket, LockFreeBucket};
+    /// use std::time::Duration;
+    /// let one: LockFreeBucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+    ///     .build()?;
+    /// assert!(one.storage().is_packed());
+    /// let two: LockFreeBucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+    ///     .add_limit(|l| l.capacity(100).refill_greedy(100, Duration::from_secs(60)))
+    ///     .build()?;
+    /// assert!(!two.storage().is_packed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_packed(&self) -> bool {
+        packed::mode(self.hot.packed.load(Ordering::Acquire)) != packed::SLOTS
+    }
+
     /// Slots allocated so far (two inline, more only under contention).
     ///
     /// ```
