@@ -198,5 +198,18 @@ fn floor(c: &mut Criterion) {
             }
         });
     });
+    // The lock-free bucket's one-bandwidth state is two words: its floor is this loop.
+    let w = portable_atomic::AtomicU128::new(u128::MAX);
+    g.bench_function("cas-loop-u128", |b| {
+        b.iter(|| {
+            let mut cur = w.load(Ordering::Acquire);
+            loop {
+                match w.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(v) => break black_box(v),
+                    Err(v) => cur = v,
+                }
+            }
+        });
+    });
     g.finish();
 }
