@@ -18,8 +18,10 @@
 //! succeed any more); then any thread that sees a frozen word installs its state in a slot —
 //! the first publication over the slots' untouched initial `current` (0), so exactly one
 //! installation wins — and marks the word SLOTS. Every thread that meets a frozen word helps,
-//! so none waits for the one that froze it. It is also skipped where the CPU has no native
-//! 128-bit CAS (`portable-atomic` would emulate it with a lock).
+//! so none waits for the one that froze it. Packed mode is used only where the 128-bit word is
+//! native and loads without writing (x86-64 with `CMPXCHG16B` and AVX): elsewhere
+//! `portable-atomic` would emulate it with a lock, or load it with a compare-and-swap, and
+//! rejections would write the shared line.
 //!
 //! # Slot mode
 //!
@@ -64,7 +66,9 @@ use bucket4rs_core::{
 use crossbeam_utils::Backoff;
 
 use super::{NewStorage, Replacement, Storage};
-use crate::primitive::{AtomicBool, AtomicI64, AtomicU64, AtomicU128, Ordering, fence};
+use crate::primitive::{
+    AtomicBool, AtomicI64, AtomicU64, AtomicU128, Ordering, fence, wide_word_supported,
+};
 
 const INDEX_BITS: u32 = 16;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
@@ -210,10 +214,10 @@ pub struct LockFree {
 impl NewStorage for LockFree {
     fn new(config: BucketConfiguration, state: BucketState) -> Self {
         let stride = stride(&config);
-        // Packed mode needs a native 128-bit compare-and-swap: where the CPU has none,
-        // portable-atomic would emulate it with a lock, so the bucket uses the slots only.
+        // Packed mode needs a native 128-bit compare-and-swap and a load that does not write
+        // (else a lock would emulate it, or rejections would write the shared line).
         let packed = match (config.bandwidths(), state.bandwidths()) {
-            ([b], [st]) if AtomicU128::is_lock_free() => packed::encode(b, *st, packed::PACKED),
+            ([b], [st]) if wide_word_supported() => packed::encode(b, *st, packed::PACKED),
             _ => None,
         };
         let storage = Self {
@@ -261,8 +265,9 @@ impl LockFree {
         self.retries.load(Ordering::Relaxed)
     }
 
-    /// Whether the bucket runs on the packed 128-bit word (one bandwidth, a state that fits)
-    /// rather than on the slots. Once it leaves packed mode it never returns.
+    /// Whether the bucket runs on the packed 128-bit word (one bandwidth, a state that fits, a
+    /// CPU with a native 128-bit word — x86-64 with AVX) rather than on the slots. Once it
+    /// leaves packed mode it never returns.
     ///
     /// ```
     /// use bucket4rs_local::{Bucket, LockFreeBucket};
@@ -270,7 +275,8 @@ impl LockFree {
     /// let one: LockFreeBucket = Bucket::builder()
     ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
     ///     .build()?;
-    /// assert!(one.storage().is_packed());
+    /// # #[cfg(target_arch = "x86_64")]
+    /// assert_eq!(one.storage().is_packed(), std::arch::is_x86_feature_detected!("avx"));
     /// let two: LockFreeBucket = Bucket::builder()
     ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
     ///     .add_limit(|l| l.capacity(100).refill_greedy(100, Duration::from_secs(60)))
