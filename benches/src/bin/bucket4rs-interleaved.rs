@@ -17,7 +17,8 @@ use std::num::NonZeroU32;
 use std::time::Instant;
 
 use bucket4rs_benches::{never_dry, slow};
-use governor::{Quota, RateLimiter};
+use bucket4rs_local::BucketBuilder;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 /// Operations per burst: long enough to dwarf the timer, short enough to fit a time slice.
 const BURST: u32 = 20_000;
@@ -85,41 +86,45 @@ fn main() {
         .unwrap_or(300);
     let only = std::env::args().nth(2).unwrap_or_default();
 
-    let lf = never_dry().build().expect("config");
-    let sy = never_dry().build_synchronized().expect("config");
-    let un = never_dry().build_unsynchronized().expect("config");
+    let (lf, sy, un) = (never_dry(), never_dry(), never_dry());
     let gov = RateLimiter::direct(Quota::per_second(NonZeroU32::MAX));
-    let mut success = [
-        case("lock-free", || lf.try_consume(1).expect("valid")),
-        case("synchronized", || sy.try_consume(1).expect("valid")),
-        case("unsync", || un.try_consume(1).expect("valid")),
-        case("governor", || gov.check().is_ok()),
-    ];
-    measure(&mut success, rounds, &only);
-    report(
+    compare(
         "success path (try_consume(1) / check())",
-        &mut success,
-        "governor",
+        [lf, sy, un],
+        gov,
+        rounds,
+        &only,
     );
 
-    let lf = slow().build().expect("config");
-    let sy = slow().build_synchronized().expect("config");
-    let un = slow().build_unsynchronized().expect("config");
+    let (lf, sy, un) = (slow(), slow(), slow());
     let gov = RateLimiter::direct(Quota::per_hour(NonZeroU32::MIN));
-    for taken in [
+    compare("rejection path", [lf, sy, un], gov, rounds, &only);
+}
+
+/// Builds the three strategies from `builders`, and measures them with `gov` side by side.
+fn compare(
+    title: &str,
+    [lf, sy, un]: [BucketBuilder; 3],
+    gov: DefaultDirectRateLimiter,
+    rounds: usize,
+    only: &str,
+) {
+    let lf = lf.build().expect("config");
+    let sy = sy.build_synchronized().expect("config");
+    let un = un.build_unsynchronized().expect("config");
+    // One warm-up call each (on the slow configuration it takes the only token).
+    let _ = (
         lf.try_consume(1),
         sy.try_consume(1),
         un.try_consume(1),
-        Ok(gov.check().is_ok()),
-    ] {
-        assert!(taken.expect("valid"), "the only token is taken first");
-    }
-    let mut rejection = [
+        gov.check(),
+    );
+    let mut cases = [
         case("lock-free", || lf.try_consume(1).expect("valid")),
         case("synchronized", || sy.try_consume(1).expect("valid")),
         case("unsync", || un.try_consume(1).expect("valid")),
         case("governor", || gov.check().is_ok()),
     ];
-    measure(&mut rejection, rounds, &only);
-    report("rejection path", &mut rejection, "governor");
+    measure(&mut cases, rounds, only);
+    report(title, &mut cases, "governor");
 }

@@ -84,6 +84,17 @@ fn tokens() -> impl Strategy<Value = u64> {
     ]
 }
 
+/// 3000 cases, failures persisted next to this file.
+fn config_3000() -> ProptestConfig {
+    ProptestConfig {
+        cases: 3000,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    }
+}
+
 type Outcome<T> = Result<(T, Option<BandwidthState>), OperationError>;
 
 /// The general engine on a single bandwidth: plan on the refilled view, apply the mutation.
@@ -125,11 +136,7 @@ where
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 3000,
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(config_3000())]
 
     #[test]
     fn the_shortcut_equals_the_general_engine(
@@ -146,11 +153,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 3000,
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(config_3000())]
 
     /// The division-free scaled path (`ops::plan_scaled`, what one-bandwidth lock-free buckets
     /// run) decides exactly as the decoded shortcut does, on the same state in both forms; and

@@ -37,23 +37,51 @@ fn bucket(capacity: u64, initial: u64) -> Arc<LockFreeBucket<ManualClock>> {
     )
 }
 
+/// How many of `threads` concurrent `try_consume(tokens)` calls on `b` succeed.
+fn wins(b: &Arc<LockFreeBucket<ManualClock>>, threads: usize, tokens: u64) -> usize {
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let b = b.clone();
+            thread::spawn(move || b.try_consume(tokens).expect("valid"))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("no panic"))
+        .filter(|w| *w)
+        .count()
+}
+
+/// Two requests of 2 on 3 tokens: exactly one is served.
+fn consume_consume(b: &Arc<LockFreeBucket<ManualClock>>) {
+    assert_eq!(wins(b, 2, 2), 1, "3 tokens serve exactly one request of 2");
+    assert_eq!(b.available_tokens(), 1);
+}
+
+/// `add_tokens(5)` racing `try_consume(1)` on 1 token: both count.
+fn consume_and_add(b: &Arc<LockFreeBucket<ManualClock>>) {
+    let adder = {
+        let b = b.clone();
+        thread::spawn(move || b.add_tokens(5).expect("valid"))
+    };
+    let consumer = {
+        let b = b.clone();
+        thread::spawn(move || b.try_consume(1).expect("valid"))
+    };
+    adder.join().expect("no panic");
+    assert!(
+        consumer.join().expect("no panic"),
+        "one token was there from the start"
+    );
+    assert_eq!(b.available_tokens(), 5);
+}
+
 #[test]
 fn consume_consume_never_oversells() {
     model(3, || {
         let b = bucket(10, 3);
-        let handles: Vec<_> = (0..2)
-            .map(|_| {
-                let b = b.clone();
-                thread::spawn(move || b.try_consume(2).expect("valid"))
-            })
-            .collect();
-        let wins = handles
-            .into_iter()
-            .map(|h| h.join().expect("no panic"))
-            .filter(|w| *w)
-            .count();
-        assert_eq!(wins, 1, "3 tokens serve exactly one request of 2");
-        assert_eq!(b.available_tokens(), 1);
+        assert!(b.storage().is_packed());
+        consume_consume(&b);
     });
 }
 
@@ -61,39 +89,14 @@ fn consume_consume_never_oversells() {
 fn three_consumers_take_exactly_the_balance() {
     model(2, || {
         let b = bucket(10, 2);
-        let handles: Vec<_> = (0..3)
-            .map(|_| {
-                let b = b.clone();
-                thread::spawn(move || b.try_consume(1).expect("valid"))
-            })
-            .collect();
-        let wins = handles
-            .into_iter()
-            .map(|h| h.join().expect("no panic"))
-            .filter(|w| *w)
-            .count();
-        assert_eq!(wins, 2);
+        assert_eq!(wins(&b, 3, 1), 2);
         assert_eq!(b.available_tokens(), 0);
     });
 }
 
 #[test]
 fn consume_and_add_are_both_applied() {
-    model(3, || {
-        let b = bucket(100, 1);
-        let adder = {
-            let b = b.clone();
-            thread::spawn(move || b.add_tokens(5).expect("valid"))
-        };
-        let consumer = {
-            let b = b.clone();
-            thread::spawn(move || b.try_consume(1).expect("valid"))
-        };
-        adder.join().expect("no panic");
-        let consumed = consumer.join().expect("no panic");
-        assert!(consumed, "one token was there from the start");
-        assert_eq!(b.available_tokens(), 5);
-    });
+    model(3, || consume_and_add(&bucket(100, 1)));
 }
 
 #[test]
@@ -171,38 +174,14 @@ fn two_bandwidth_bucket(initial: u64) -> Arc<LockFreeBucket<ManualClock>> {
 fn slots_consume_consume_never_oversells() {
     model(3, || {
         let b = two_bandwidth_bucket(3);
-        let handles: Vec<_> = (0..2)
-            .map(|_| {
-                let b = b.clone();
-                thread::spawn(move || b.try_consume(2).expect("valid"))
-            })
-            .collect();
-        let wins = handles
-            .into_iter()
-            .map(|h| h.join().expect("no panic"))
-            .filter(|w| *w)
-            .count();
-        assert_eq!(wins, 1, "3 tokens serve exactly one request of 2");
-        assert_eq!(b.available_tokens(), 1);
+        assert!(!b.storage().is_packed());
+        consume_consume(&b);
     });
 }
 
 #[test]
 fn slots_consume_and_add_are_both_applied() {
-    model(3, || {
-        let b = two_bandwidth_bucket(1);
-        let adder = {
-            let b = b.clone();
-            thread::spawn(move || b.add_tokens(5).expect("valid"))
-        };
-        let consumer = {
-            let b = b.clone();
-            thread::spawn(move || b.try_consume(1).expect("valid"))
-        };
-        adder.join().expect("no panic");
-        assert!(consumer.join().expect("no panic"));
-        assert_eq!(b.available_tokens(), 5);
-    });
+    model(3, || consume_and_add(&two_bandwidth_bucket(1)));
 }
 
 /// A debt too deep for the packed word moves the bucket to the slots while another thread
