@@ -33,6 +33,8 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Quota {
     name: String,
+    /// `name` as a structured-field string: quoted, `"` and `\\` escaped.
+    quoted: Box<str>,
     quota: u64,
     window: u64,
 }
@@ -61,8 +63,18 @@ impl Quota {
         let window = u64::try_from(full.div_ceil(u128::from(NANOS_PER_SEC)))
             .unwrap_or(u64::MAX)
             .clamp(1, SF_INT_MAX);
+        let mut quoted = String::with_capacity(name.len() + 2);
+        quoted.push('"');
+        for c in name.chars() {
+            if c == '"' || c == '\\' {
+                quoted.push('\\');
+            }
+            quoted.push(c);
+        }
+        quoted.push('"');
         Self {
             name,
+            quoted: quoted.into_boxed_str(),
             quota: b.capacity().min(SF_INT_MAX),
             window,
         }
@@ -100,17 +112,6 @@ impl Quota {
     pub fn window_secs(&self) -> u64 {
         self.window
     }
-
-    fn write_name(&self, out: &mut String) {
-        out.push('"');
-        for c in self.name.chars() {
-            if c == '"' || c == '\\' {
-                out.push('\\');
-            }
-            out.push(c);
-        }
-        out.push('"');
-    }
 }
 
 pub(crate) fn policy_header(quotas: &[Quota]) -> HeaderValue {
@@ -119,29 +120,40 @@ pub(crate) fn policy_header(quotas: &[Quota]) -> HeaderValue {
         if i > 0 {
             s.push_str(", ");
         }
-        q.write_name(&mut s);
+        s.push_str(&q.quoted);
         let _ = write!(s, ";q={};w={}", q.quota, q.window);
     }
     // Names are printable ASCII with quotes and backslashes escaped: always a valid value.
     HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-/// Appends a decimal number without the formatting machinery (hot path).
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
+/// The longest decimal `u64`.
+const U64_DIGITS: usize = 20;
+
+/// Writes `n` in decimal at `buf[*at..]` without the formatting machinery (hot path).
+fn put_u64(buf: &mut [u8], at: &mut usize, mut n: u64) {
+    let mut digits = [0u8; U64_DIGITS];
+    let mut i = digits.len();
     loop {
         i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
+        digits[i] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
             break;
         }
     }
-    for &b in &buf[i..] {
-        out.push(char::from(b));
-    }
+    let len = digits.len() - i;
+    buf[*at..*at + len].copy_from_slice(&digits[i..]);
+    *at += len;
 }
+
+fn put(buf: &mut [u8], at: &mut usize, bytes: &[u8]) {
+    buf[*at..*at + bytes.len()].copy_from_slice(bytes);
+    *at += bytes.len();
+}
+
+/// Values up to this length are formatted on the stack.
+const STACK_VALUE: usize = 128;
 
 /// Whole seconds, rounded up.
 pub(crate) fn ceil_secs(nanos: u64) -> u64 {
@@ -161,7 +173,21 @@ pub(crate) fn ratelimit_header(
     if quotas.len() != states.len() || singles.len() != states.len() {
         return None;
     }
-    let mut s = String::with_capacity(40 * quotas.len());
+    // An upper bound of the value's length; one bandwidth (the common case) fits on the
+    // stack, so the value's bytes are allocated once, at their exact size.
+    let bound: usize = quotas
+        .iter()
+        .map(|q| q.quoted.len() + ", ;r=;t=".len() + 2 * U64_DIGITS)
+        .sum();
+    let mut stack = [0u8; STACK_VALUE];
+    let mut heap = Vec::new();
+    let buf: &mut [u8] = if bound <= STACK_VALUE {
+        &mut stack
+    } else {
+        heap.resize(bound, 0);
+        &mut heap
+    };
+    let mut at = 0;
     for (i, (q, single)) in quotas.iter().zip(singles).enumerate() {
         let view = Refilled::new(single, now, |_| states[i]);
         let remaining = u64::try_from(view.get(0).tokens())
@@ -170,14 +196,14 @@ pub(crate) fn ratelimit_header(
         let wait = view.request_wait(cost, true);
         let t = ceil_secs(wait).min(SF_INT_MAX);
         if i > 0 {
-            s.push_str(", ");
+            put(buf, &mut at, b", ");
         }
-        q.write_name(&mut s);
-        s.push_str(";r=");
-        push_u64(&mut s, remaining);
-        s.push_str(";t=");
-        push_u64(&mut s, t);
+        put(buf, &mut at, q.quoted.as_bytes());
+        put(buf, &mut at, b";r=");
+        put_u64(buf, &mut at, remaining);
+        put(buf, &mut at, b";t=");
+        put_u64(buf, &mut at, t);
     }
-    // Takes the string's buffer as is (no copy); the value is visible ASCII by construction.
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(s)).ok()
+    // Visible ASCII by construction (names are printable ASCII, escaped).
+    HeaderValue::from_bytes(&buf[..at]).ok()
 }

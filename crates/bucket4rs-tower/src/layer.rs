@@ -3,18 +3,20 @@
 use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
-use core::task::{Context, Poll};
+use core::task::{Context, Poll, Waker, ready};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use bucket4rs_core::ConsumptionProbe;
 use bucket4rs_core::TokensInheritanceStrategy;
 use bucket4rs_distributed::{
-    Backend, BackendError, BackendErrorKind, EmbeddedBackend, FailurePolicy, ProxyManager,
-    StorageKey, Transaction,
+    Backend, BackendError, BackendErrorKind, DistributedError, EmbeddedBackend, FailurePolicy,
+    ProxyManager, RemoteBucket, StorageKey, Transaction, Verbose,
 };
 use bytes::Bytes;
 use http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Request, Response, StatusCode};
+use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use crate::headers::{self, RATELIMIT, RATELIMIT_POLICY, X_RATE_LIMIT_REMAINING};
@@ -363,27 +365,330 @@ impl<S: fmt::Debug, B> fmt::Debug for RateLimit<S, B> {
     }
 }
 
-/// The response future of [`RateLimit`].
-pub struct ResponseFuture<T, E> {
-    inner: Pin<Box<dyn Future<Output = Result<T, E>> + Send>>,
+/// The boxed bucket operation of one request: the bucket comes back with the result (the
+/// failure policy needs its key).
+type Op<B> = Pin<
+    Box<
+        dyn Future<
+                Output = (
+                    RemoteBucket<B>,
+                    Result<Verbose<ConsumptionProbe>, DistributedError>,
+                ),
+            > + Send,
+    >,
+>;
+
+type BoxResponse<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+pin_project! {
+    /// The response future of [`RateLimit`].
+    ///
+    /// A state machine rather than one boxed `async` block: on the common path (the
+    /// bucket answers, the request is allowed) the inner service's future is polled in
+    /// place and the rate-limit headers are added to its response; only the rare paths
+    /// (backend failure, a key whose plan changed) run in a boxed future.
+    pub struct ResponseFuture<S, ReqBody, B>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody, B>,
+    }
 }
 
-impl<T, E> fmt::Debug for ResponseFuture<T, E> {
+pin_project! {
+    #[project = StateProj]
+    #[project_replace = StateReplace]
+    enum State<S, ReqBody, B>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        // The bucket operation is running; the request waits.
+        Deciding {
+            op: Op<B>,
+            inner: S,
+            req: Request<ReqBody>,
+            shared: Arc<Shared<B>>,
+            plan: Plan,
+            cost: u64,
+        },
+        // Allowed (or unmetered): the inner service answers, then the headers are added.
+        Calling {
+            #[pin]
+            fut: S::Future,
+            headers: Option<RateHeaders>,
+        },
+        // Answered by the layer itself.
+        Ready { resp: Option<S::Response> },
+        // The rare paths.
+        Boxed { fut: BoxResponse<S::Response, S::Error> },
+        Done,
+    }
+}
+
+impl<S, ReqBody, B> fmt::Debug for ResponseFuture<S, ReqBody, B>
+where
+    S: Service<Request<ReqBody>>,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ResponseFuture")
     }
 }
 
-impl<T, E> Future for ResponseFuture<T, E> {
-    type Output = Result<T, E>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+impl<S, ReqBody, ResBody, B> Future for ResponseFuture<S, ReqBody, B>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: From<Bytes> + Send + 'static,
+    B: Backend,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Deciding { op, .. } => {
+                    let (bucket, result) = ready!(op.as_mut().poll(cx));
+                    if let StateReplace::Deciding {
+                        op: _,
+                        mut inner,
+                        req,
+                        shared,
+                        plan,
+                        cost,
+                    } = state.as_mut().project_replace(State::Done)
+                    {
+                        state.set(decided(
+                            &shared, bucket, plan, cost, result, &mut inner, req,
+                        ));
+                    }
+                }
+                StateProj::Calling { fut, headers } => {
+                    let mut resp = ready!(fut.poll(cx))?;
+                    if let Some(h) = headers.take() {
+                        h.apply(resp.headers_mut());
+                    }
+                    state.set(State::Done);
+                    return Poll::Ready(Ok(resp));
+                }
+                StateProj::Ready { resp } => {
+                    let resp = resp.take();
+                    state.set(State::Done);
+                    if let Some(resp) = resp {
+                        return Poll::Ready(Ok(resp));
+                    }
+                }
+                StateProj::Boxed { fut } => return fut.as_mut().poll(cx),
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            }
+        }
     }
 }
 
-fn ready<T: Send + 'static, E: Send + 'static>(r: T) -> ResponseFuture<T, E> {
-    ResponseFuture {
-        inner: Box::pin(core::future::ready(Ok(r))),
+impl<S, ReqBody, B> ResponseFuture<S, ReqBody, B>
+where
+    S: Service<Request<ReqBody>>,
+{
+    fn ready(resp: S::Response) -> Self {
+        Self {
+            state: State::Ready { resp: Some(resp) },
+        }
+    }
+}
+
+/// The state after the bucket answered: the common outcomes without a box, the rare ones
+/// in [`rare`].
+///
+/// `inner` must be ready; on the rare paths it is replaced by a clone and moved into the
+/// boxed future.
+fn decided<S, ReqBody, ResBody, B>(
+    shared: &Arc<Shared<B>>,
+    bucket: RemoteBucket<B>,
+    plan: Plan,
+    cost: u64,
+    result: Result<Verbose<ConsumptionProbe>, DistributedError>,
+    inner: &mut S,
+    req: Request<ReqBody>,
+) -> State<S, ReqBody, B>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: From<Bytes> + Send + 'static,
+    B: Backend,
+{
+    match result {
+        Ok(v) if v.configuration == *plan.configuration() => {
+            match verdict(&plan, &v, cost, shared.remaining_header) {
+                Verdict::Allow(headers) => State::Calling {
+                    fut: inner.call(req),
+                    headers: Some(headers),
+                },
+                Verdict::Answer(resp) => State::Ready { resp: Some(resp) },
+            }
+        }
+        result => {
+            let fresh = inner.clone();
+            let ready = core::mem::replace(inner, fresh);
+            State::Boxed {
+                fut: Box::pin(rare(
+                    Arc::clone(shared),
+                    bucket,
+                    plan,
+                    cost,
+                    result,
+                    ready,
+                    req,
+                )),
+            }
+        }
+    }
+}
+
+/// The headers of a metered request (allowed, or refused with a 429).
+struct RateHeaders {
+    policy: HeaderValue,
+    ratelimit: Option<HeaderValue>,
+    remaining: Option<u64>,
+}
+
+impl RateHeaders {
+    fn apply(self, h: &mut http::HeaderMap) {
+        h.insert(RATELIMIT_POLICY, self.policy);
+        if let Some(rl) = self.ratelimit {
+            h.insert(RATELIMIT, rl);
+        }
+        if let Some(remaining) = self.remaining {
+            h.insert(X_RATE_LIMIT_REMAINING, HeaderValue::from(remaining));
+        }
+    }
+}
+
+enum Verdict<ResBody> {
+    /// Call the inner service, then add these headers.
+    Allow(RateHeaders),
+    /// The layer's own answer (429, or 500 when the cost can never be served).
+    Answer(Response<ResBody>),
+}
+
+/// What the bucket's answer under `effective` means for the request.
+fn verdict<ResBody: From<Bytes>>(
+    effective: &Plan,
+    v: &Verbose<ConsumptionProbe>,
+    cost: u64,
+    remaining_header: bool,
+) -> Verdict<ResBody> {
+    let probe = &v.value;
+    let headers = RateHeaders {
+        policy: effective.policy_header().clone(),
+        ratelimit: headers::ratelimit_header(
+            effective.quotas(),
+            effective.singles(),
+            &v.state,
+            v.now_nanos,
+            cost,
+        ),
+        remaining: remaining_header.then(|| probe.remaining_tokens()),
+    };
+    if probe.is_consumed() {
+        return Verdict::Allow(headers);
+    }
+    if probe.nanos_to_wait_for_refill() >= NEVER {
+        return Verdict::Answer(cost_exceeds_capacity(effective, cost));
+    }
+    let retry = headers::ceil_secs(probe.nanos_to_wait_for_refill());
+    let mut resp = problem::too_many_requests(
+        retry,
+        Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("rate limit of plan {:?} exceeded", effective.name()),
+        )
+        .with("plan", effective.name())
+        .with("cost", cost)
+        .with("remaining", probe.remaining_tokens()),
+    );
+    headers.apply(resp.headers_mut());
+    Verdict::Answer(resp)
+}
+
+/// The rare outcomes: the backend failed (the failure policy decides), or the key's bucket
+/// was created under another plan.
+async fn rare<S, ReqBody, ResBody, B>(
+    shared: Arc<Shared<B>>,
+    bucket: RemoteBucket<B>,
+    plan: Plan,
+    cost: u64,
+    result: Result<Verbose<ConsumptionProbe>, DistributedError>,
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: From<Bytes>,
+    B: Backend,
+{
+    let v = match result {
+        Ok(v) => v,
+        Err(e) if e.is_unavailable() => {
+            let supplier_plan = plan.clone();
+            let Ok(fallback) = shared
+                .unreachable
+                .builder()
+                .build(bucket.key().as_bytes(), move || {
+                    supplier_plan.configuration().clone()
+                })
+            else {
+                return Ok(unavailable_response(&e.to_string()));
+            };
+            return match shared.failure.try_consume(&fallback, cost).await {
+                Ok(d) if d.is_allowed() => inner.call(req).await,
+                Ok(_) => Ok(problem::too_many_requests(
+                    1,
+                    Problem::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        format!(
+                            "the rate limiter cannot decide ({e}); denied by the failure policy"
+                        ),
+                    ),
+                )),
+                Err(_) => Ok(unavailable_response(&e.to_string())),
+            };
+        }
+        Err(e) => {
+            return Ok(Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("rate limiter error: {e}"),
+            )
+            .into_response());
+        }
+    };
+    let stored;
+    let effective = if v.configuration == *plan.configuration() {
+        &plan
+    } else {
+        // The key's bucket was created under another plan (the key changed plan, or the
+        // plans file changed): report what decided, then switch the bucket to the current
+        // plan, keeping its tokens.
+        stored = Plan::new(plan.name().to_owned(), v.configuration.clone());
+        let _ = bucket
+            .replace_configuration(
+                plan.configuration().clone(),
+                TokensInheritanceStrategy::AsIs,
+            )
+            .await;
+        &stored
+    };
+    match verdict(effective, &v, cost, shared.remaining_header) {
+        Verdict::Allow(headers) => {
+            let mut resp = inner.call(req).await?;
+            headers.apply(resp.headers_mut());
+            Ok(resp)
+        }
+        Verdict::Answer(resp) => Ok(resp),
     }
 }
 
@@ -407,149 +712,79 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<Response<ResBody>, S::Error>;
+    type Future = ResponseFuture<S, ReqBody, B>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The clone is not necessarily ready: keep the one that was polled.
-        let fresh = self.inner.clone();
-        let mut inner = core::mem::replace(&mut self.inner, fresh);
         let shared = &self.shared;
         let info = RequestInfo::new(&req);
         let Some(key) = shared.key.extract(&info) else {
-            return ready(key_problem(
+            return ResponseFuture::ready(key_problem(
                 shared.missing_key,
                 "the request carries no usable client key",
             ));
         };
         let Some(plan) = shared.plans.as_ref().and_then(|p| p.resolve(&key)) else {
-            return ready(key_problem(shared.unknown_key, "unknown client key"));
+            return ResponseFuture::ready(key_problem(shared.unknown_key, "unknown client key"));
         };
         let cost = (shared.cost)(&info);
         if cost == 0 {
             return ResponseFuture {
-                inner: Box::pin(inner.call(req)),
+                state: State::Calling {
+                    fut: self.inner.call(req),
+                    headers: None,
+                },
             };
         }
         if cost > plan.min_capacity() {
-            return ready(cost_exceeds_capacity(&plan, cost));
+            return ResponseFuture::ready(cost_exceeds_capacity(&plan, cost));
         }
         let supplier_plan = plan.clone();
-        let supplier = move || supplier_plan.configuration().clone();
-        let bucket = match shared
-            .manager
-            .builder()
-            .build(key.as_bytes(), supplier.clone())
-        {
+        let bucket = match shared.manager.builder().build(key.as_bytes(), move || {
+            supplier_plan.configuration().clone()
+        }) {
             Ok(b) => b,
             Err(_) => {
-                return ready(key_problem(
+                return ResponseFuture::ready(key_problem(
                     shared.missing_key,
                     "the client key is too long",
                 ));
             }
         };
-        let shared = Arc::clone(shared);
+        let mut op: Op<B> = Box::pin(async move {
+            let result = bucket
+                .verbose()
+                .try_consume_and_return_remaining(cost)
+                .await;
+            (bucket, result)
+        });
+        if shared.manager.backend().is_in_process() {
+            // An in-process backend never waits: its answer is there at the first poll, so
+            // the request is decided here and `self.inner` (the service that was polled
+            // ready) is called without a clone. A later poll would re-register the real
+            // waker, so a `Pending` here is still handled correctly below.
+            let mut cx = Context::from_waker(Waker::noop());
+            if let Poll::Ready((bucket, result)) = op.as_mut().poll(&mut cx) {
+                return ResponseFuture {
+                    state: decided(shared, bucket, plan, cost, result, &mut self.inner, req),
+                };
+            }
+        }
+        // The clone is not necessarily ready: keep the one that was polled.
+        let fresh = self.inner.clone();
+        let inner = core::mem::replace(&mut self.inner, fresh);
         ResponseFuture {
-            inner: Box::pin(async move {
-                let verbose = bucket
-                    .verbose()
-                    .try_consume_and_return_remaining(cost)
-                    .await;
-                let v = match verbose {
-                    Ok(v) => v,
-                    Err(e) if e.is_unavailable() => {
-                        let Ok(fallback) = shared
-                            .unreachable
-                            .builder()
-                            .build(bucket.key().as_bytes(), supplier)
-                        else {
-                            return Ok(unavailable_response(&e.to_string()));
-                        };
-                        return match shared.failure.try_consume(&fallback, cost).await {
-                            Ok(d) if d.is_allowed() => inner.call(req).await,
-                            Ok(_) => Ok(problem::too_many_requests(
-                                1,
-                                Problem::new(
-                                    StatusCode::TOO_MANY_REQUESTS,
-                                    format!(
-                                        "the rate limiter cannot decide ({e}); denied by the failure policy"
-                                    ),
-                                ),
-                            )),
-                            Err(_) => Ok(unavailable_response(&e.to_string())),
-                        };
-                    }
-                    Err(e) => {
-                        return Ok(Problem::new(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            format!("rate limiter error: {e}"),
-                        )
-                        .into_response());
-                    }
-                };
-                let probe = v.value;
-                let stored;
-                let effective = if v.configuration == *plan.configuration() {
-                    &plan
-                } else {
-                    // The key's bucket was created under another plan (the key changed plan,
-                    // or the plans file changed): report what decided, then switch the
-                    // bucket to the current plan, keeping its tokens.
-                    stored = Plan::new(plan.name().to_owned(), v.configuration.clone());
-                    let _ = bucket
-                        .replace_configuration(
-                            plan.configuration().clone(),
-                            TokensInheritanceStrategy::AsIs,
-                        )
-                        .await;
-                    &stored
-                };
-                let ratelimit = headers::ratelimit_header(
-                    effective.quotas(),
-                    effective.singles(),
-                    &v.state,
-                    v.now_nanos,
-                    cost,
-                );
-                let remaining_header = shared.remaining_header;
-                let add_headers = move |h: &mut http::HeaderMap| {
-                    h.insert(RATELIMIT_POLICY, effective.policy_header().clone());
-                    if let Some(rl) = ratelimit {
-                        h.insert(RATELIMIT, rl);
-                    }
-                    if remaining_header {
-                        h.insert(
-                            X_RATE_LIMIT_REMAINING,
-                            HeaderValue::from(probe.remaining_tokens()),
-                        );
-                    }
-                };
-                if probe.is_consumed() {
-                    let mut resp = inner.call(req).await?;
-                    add_headers(resp.headers_mut());
-                    return Ok(resp);
-                }
-                if probe.nanos_to_wait_for_refill() >= NEVER {
-                    return Ok(cost_exceeds_capacity(effective, cost));
-                }
-                let retry = headers::ceil_secs(probe.nanos_to_wait_for_refill());
-                let mut resp = problem::too_many_requests(
-                    retry,
-                    Problem::new(
-                        StatusCode::TOO_MANY_REQUESTS,
-                        format!("rate limit of plan {:?} exceeded", effective.name()),
-                    )
-                    .with("plan", effective.name())
-                    .with("cost", cost)
-                    .with("remaining", probe.remaining_tokens()),
-                );
-                add_headers(resp.headers_mut());
-                Ok(resp)
-            }),
+            state: State::Deciding {
+                op,
+                inner,
+                req,
+                shared: Arc::clone(shared),
+                plan,
+                cost,
+            },
         }
     }
 }

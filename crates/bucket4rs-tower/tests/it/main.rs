@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bucket4rs_core::{Bandwidth, BucketConfiguration, ManualClock};
 use bucket4rs_distributed::{
-    Backend, BackendError, BackendErrorKind, EmbeddedBackend, FailurePolicy, ProxyManager,
-    StorageKey, Transaction,
+    Backend, BackendClock, BackendError, BackendErrorKind, EmbeddedBackend, FailurePolicy,
+    ProxyManager, StorageKey, Transaction,
 };
 use bucket4rs_tower::{KeyExtractor, Plan, PlanTable, RateLimitLayer};
 use bytes::Bytes;
@@ -348,6 +348,79 @@ impl Backend for Down {
             BackendErrorKind::Unavailable,
             "connection refused",
         ))
+    }
+}
+
+/// The embedded backend behind one `yield_now`: its answer is not there at the first poll.
+/// `in_process` says what it claims (the layer polls an in-process backend once in `call`).
+#[derive(Debug)]
+struct Yielding {
+    inner: EmbeddedBackend,
+    in_process: bool,
+}
+
+#[async_trait]
+impl Backend for Yielding {
+    async fn transact(
+        &self,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+    ) -> Result<(), BackendError> {
+        tokio::task::yield_now().await;
+        self.inner.transact(key, tx).await
+    }
+    async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+        self.inner.read(key).await
+    }
+    async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
+        self.inner.remove(key).await
+    }
+    fn clock(&self) -> BackendClock {
+        self.inner.clock()
+    }
+    fn is_in_process(&self) -> bool {
+        self.in_process
+    }
+}
+
+/// Status and rate-limit headers of 22 requests on one key (the 21st and 22nd refused).
+async fn answers<S>(svc: &S) -> Vec<(StatusCode, Option<HeaderValue>, Option<HeaderValue>)>
+where
+    S: Service<Request<()>, Response = Resp, Error = Infallible> + Clone,
+{
+    let mut out = Vec::new();
+    for _ in 0..22 {
+        let r = call(svc, req(Some("k"), "/books/1")).await;
+        let h = |name: &str| r.headers().get(name).cloned();
+        out.push((r.status(), h("ratelimit"), h("retry-after")));
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_backend_that_answers_later_gets_the_same_answers() {
+    let (_, manager) = manual();
+    let svc = RateLimitLayer::builder()
+        .backend(manager)
+        .plans(free_plan())
+        .build()
+        .layer(hello());
+    let expected = answers(&svc).await;
+    assert_eq!(expected[19].0, StatusCode::OK);
+    assert_eq!(expected[20].0, StatusCode::TOO_MANY_REQUESTS);
+    assert!(expected.iter().all(|(_, rl, _)| rl.is_some()));
+    for in_process in [false, true] {
+        let clock = ManualClock::new(1_000_000_000);
+        let backend = Yielding {
+            inner: EmbeddedBackend::with_clock(clock),
+            in_process,
+        };
+        let svc = RateLimitLayer::builder()
+            .backend(ProxyManager::new(backend))
+            .plans(free_plan())
+            .build()
+            .layer(hello());
+        assert_eq!(answers(&svc).await, expected, "in_process: {in_process}");
     }
 }
 
