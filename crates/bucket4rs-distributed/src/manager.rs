@@ -594,7 +594,9 @@ impl<B: Backend> ProxyManager<B> {
             // Never waits and never asks for a retry: no timer, no retry loop.
             return inner.backend.transact(key, tx).await.map_err(backend_error);
         }
-        with_timeout(inner.timeout, async {
+        // Boxed (one allocation next to a network round trip): the timer and the retry
+        // sleep would otherwise be part of every call's future, in-process ones too.
+        Box::pin(with_timeout(inner.timeout, async {
             let mut attempt = 0;
             loop {
                 match inner.backend.transact(key, tx).await {
@@ -606,7 +608,7 @@ impl<B: Backend> ProxyManager<B> {
                     Err(e) => return Err(backend_error(e)),
                 }
             }
-        })
+        }))
         .await
     }
 }
@@ -1478,7 +1480,10 @@ impl<B: Backend> RemoteBucket<B> {
         let inner = &self.manager.inner;
         if inner.batching.is_enabled() && !inner.backend.is_in_process() {
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                return self.run_batched(job, command, handle).await;
+                // Boxed: the batching path's state (queue reply, timer) would otherwise be
+                // part of every call's future, in-process ones too (over 1 KiB, a large
+                // allocation wherever the caller boxes it, e.g. the tower layer).
+                return Box::pin(self.run_batched(job, command, handle)).await;
             }
         }
         self.run_alone(job, command).await
