@@ -16,18 +16,21 @@
 //! # Ok::<(), bookshelf::ArgsError>(())
 //! ```
 
+use core::convert::Infallible;
 use core::fmt;
 use core::future::Future;
 use std::net::SocketAddr;
 
-use axum::extract::{Path, Query};
+use axum::ServiceExt as _;
+use axum::extract::{Path, Query, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use bucket4rs_distributed::{Backend, ProxyManager};
-use bucket4rs_tower::{PlanTable, PlansError, RateLimitLayer, RequestInfo};
+use bucket4rs_tower::{PlanTable, PlansError, RateLimit, RateLimitLayer, RequestInfo};
 use serde::{Deserialize, Serialize};
+use tower::{Layer as _, Service};
 
 /// The default plans file, shipped in the crate.
 pub const DEFAULT_PLANS: &str = include_str!("../plans.toml");
@@ -201,7 +204,12 @@ pub fn layer<B: Backend>(manager: ProxyManager<B>, plans: PlanTable) -> RateLimi
         .build()
 }
 
-/// The rate-limited application.
+/// The rate-limited application: [`routes`] behind [`layer`].
+///
+/// The layer wraps the whole router rather than being added with `Router::layer`, which
+/// axum applies to each route: every request would then also clone the layered route (a
+/// boxed service) and box its future. Both apply the layer to the same requests (axum's
+/// `Router::layer` also covers the fallback), so the answers are the same.
 ///
 /// ```
 /// use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
@@ -209,11 +217,15 @@ pub fn layer<B: Backend>(manager: ProxyManager<B>, plans: PlanTable) -> RateLimi
 /// let app = bookshelf::app(ProxyManager::new(EmbeddedBackend::new()), plans);
 /// # Ok::<(), bucket4rs_tower::PlansError>(())
 /// ```
-pub fn app<B: Backend>(manager: ProxyManager<B>, plans: PlanTable) -> Router {
-    routes().layer(layer(manager, plans))
+pub fn app<B: Backend>(manager: ProxyManager<B>, plans: PlanTable) -> RateLimit<Router, B> {
+    // `with_state` turns the handlers into routes once, as `Router::into_make_service*`
+    // does; a wrapped router would otherwise do it on every request.
+    layer(manager, plans).layer(routes().with_state(()))
 }
 
-/// Serves `app` on `listener` until `shutdown` completes, then finishes in-flight requests.
+/// Serves `app` (the [`app`], or the bare [`routes`]) on `listener` until `shutdown`
+/// completes, then finishes in-flight requests. Handlers see the peer address as
+/// `ConnectInfo<SocketAddr>`.
 ///
 /// # Errors
 /// I/O errors of the listener.
@@ -224,11 +236,15 @@ pub fn app<B: Backend>(manager: ProxyManager<B>, plans: PlanTable) -> Router {
 /// bookshelf::serve(listener, bookshelf::routes(), std::future::pending()).await
 /// # }
 /// ```
-pub async fn serve(
+pub async fn serve<S>(
     listener: tokio::net::TcpListener,
-    app: Router,
+    app: S,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

@@ -1,7 +1,12 @@
 //! `cargo run --release -p bookshelf`: the Bookshelf API on 127.0.0.1:8080.
 
+use std::convert::Infallible;
 use std::process::ExitCode;
 use std::time::Duration;
+
+use axum::extract::Request;
+use axum::response::Response;
+use tower::Service;
 
 use bookshelf::{Args, Store};
 use bucket4rs_distributed::{
@@ -26,51 +31,66 @@ async fn run() -> Result<(), String> {
         return Ok(());
     }
     let plans = bookshelf::load_plans(args.plans.as_deref())?;
-    let mut reaper = None;
-    let (app, store) = if args.no_limit {
-        (bookshelf::routes(), "none (--no-limit)".to_owned())
-    } else {
-        match &args.store {
-            Store::Embedded => {
-                let backend = EmbeddedBackend::new().with_max_keys(args.max_keys);
-                let manager = ProxyManager::configure(backend)
-                    .key_prefix(&args.key_prefix)
-                    .build()
-                    .map_err(|e| format!("--key-prefix: {e}"))?;
-                (bookshelf::app(manager, plans), "in-process".to_owned())
-            }
-            Store::Redis(url) => {
-                let backend = RedisBackend::connect(url, RedisOptions::default())
-                    .await
-                    .map_err(|e| format!("--redis {url}: {e}"))?;
-                let manager = ProxyManager::configure(backend)
-                    .key_prefix(&args.key_prefix)
-                    .build()
-                    .map_err(|e| format!("--key-prefix: {e}"))?;
-                (bookshelf::app(manager, plans), format!("Redis at {url}"))
-            }
-            Store::Postgres(url) => {
-                let backend = PostgresBackend::connect(url, PostgresOptions::default())
-                    .await
-                    .map_err(|e| format!("--postgres {url}: {e}"))?;
-                backend
-                    .migrate()
-                    .await
-                    .map_err(|e| format!("--postgres {url}: creating the bucket table: {e}"))?;
-                // Expired rows are invisible at once; the reaper deletes them until the
-                // server stops.
-                reaper = Some(backend.spawn_reaper(Duration::from_secs(30), 1_000));
-                let manager = ProxyManager::configure(backend)
-                    .key_prefix(&args.key_prefix)
-                    .build()
-                    .map_err(|e| format!("--key-prefix: {e}"))?;
-                (
-                    bookshelf::app(manager, plans),
-                    format!("PostgreSQL at {url}"),
-                )
-            }
+    if args.no_limit {
+        return serve(&args, bookshelf::routes(), "none (--no-limit)").await;
+    }
+    match &args.store {
+        Store::Embedded => {
+            let backend = EmbeddedBackend::new().with_max_keys(args.max_keys);
+            let manager = ProxyManager::configure(backend)
+                .key_prefix(&args.key_prefix)
+                .build()
+                .map_err(|e| format!("--key-prefix: {e}"))?;
+            serve(&args, bookshelf::app(manager, plans), "in-process").await
         }
-    };
+        Store::Redis(url) => {
+            let backend = RedisBackend::connect(url, RedisOptions::default())
+                .await
+                .map_err(|e| format!("--redis {url}: {e}"))?;
+            let manager = ProxyManager::configure(backend)
+                .key_prefix(&args.key_prefix)
+                .build()
+                .map_err(|e| format!("--key-prefix: {e}"))?;
+            serve(
+                &args,
+                bookshelf::app(manager, plans),
+                &format!("Redis at {url}"),
+            )
+            .await
+        }
+        Store::Postgres(url) => {
+            let backend = PostgresBackend::connect(url, PostgresOptions::default())
+                .await
+                .map_err(|e| format!("--postgres {url}: {e}"))?;
+            backend
+                .migrate()
+                .await
+                .map_err(|e| format!("--postgres {url}: creating the bucket table: {e}"))?;
+            // Expired rows are invisible at once; the reaper deletes them until the
+            // server stops.
+            let reaper = backend.spawn_reaper(Duration::from_secs(30), 1_000);
+            let manager = ProxyManager::configure(backend)
+                .key_prefix(&args.key_prefix)
+                .build()
+                .map_err(|e| format!("--key-prefix: {e}"))?;
+            let served = serve(
+                &args,
+                bookshelf::app(manager, plans),
+                &format!("PostgreSQL at {url}"),
+            )
+            .await;
+            drop(reaper);
+            served
+        }
+    }
+}
+
+/// Binds `--addr`, prints the address and a curl line, and serves until Ctrl-C or SIGTERM.
+async fn serve<S>(args: &Args, app: S, store: &str) -> Result<(), String>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
@@ -83,7 +103,6 @@ async fn run() -> Result<(), String> {
     bookshelf::serve(listener, app, bookshelf::shutdown_signal())
         .await
         .map_err(|e| e.to_string())?;
-    drop(reaper);
     println!("Bookshelf API stopped.");
     Ok(())
 }

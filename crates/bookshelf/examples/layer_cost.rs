@@ -1,0 +1,89 @@
+//! The Bookshelf app called in-process (no sockets, no HTTP parsing), with the rate-limit
+//! layer (`with`: [`bookshelf::app`]), without it (`without`: [`bookshelf::routes`]), or with
+//! the layer added per route by `Router::layer` (`per-route`): time per request. Timings on a
+//! shared machine are noisy; instruction counts are not:
+//!
+//! ```text
+//! cargo build --release -p bookshelf --example layer_cost
+//! valgrind --tool=callgrind target/release/examples/layer_cost with 20000
+//! valgrind --tool=callgrind target/release/examples/layer_cost without 20000
+//! ```
+//!
+//! (Each mode makes 1,000 warm-up requests first, so divide the difference by 21,000.)
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::Request;
+use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+use tower::ServiceExt;
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_else(|| "with".into());
+    let n: u64 = std::env::args()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200_000);
+    let plans = bucket4rs_tower::PlanTable::from_toml(include_str!("../bench-plans.toml"))
+        .expect("bench plans");
+    let app = match mode.as_str() {
+        // The layer added with `Router::layer` (per route), for comparison.
+        "per-route" => bookshelf::routes().layer(bookshelf::layer(
+            ProxyManager::new(EmbeddedBackend::new()),
+            plans,
+        )),
+        "without" => bookshelf::routes(),
+        "with" => {
+            let app = bookshelf::app(ProxyManager::new(EmbeddedBackend::new()), plans);
+            return drive(app, &mode, n);
+        }
+        other => panic!("mode {other:?}: with, without or per-route"),
+    };
+    // As `axum::serve` does (`into_make_service*`): handlers become routes once, not per request.
+    drive(app.with_state(()), &mode, n);
+}
+
+fn drive<S>(mut svc: S, mode: &str, n: u64)
+where
+    S: tower::Service<
+            Request<Body>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        >,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let once = async |svc: &mut S| {
+            let req = Request::get("/books/9781593278281")
+                .header("x-api-key", "bench-key")
+                .body(Body::empty())
+                .expect("request");
+            let resp = svc
+                .ready()
+                .await
+                .expect("ready")
+                .call(req)
+                .await
+                .expect("infallible");
+            assert!(resp.status().is_success());
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+                .await
+                .expect("body");
+            std::hint::black_box(body);
+        };
+        for _ in 0..1000 {
+            once(&mut svc).await;
+        }
+        let start = Instant::now();
+        for _ in 0..n {
+            once(&mut svc).await;
+        }
+        let el = start.elapsed();
+        println!(
+            "{mode}: {n} requests, {:.0} ns/req",
+            el.as_nanos() as f64 / n as f64
+        );
+    });
+}
