@@ -330,7 +330,10 @@ fn script_flush_mid_run_is_invisible_to_callers() {
         }
         assert_eq!(granted, 300);
         assert_eq!(b.available_tokens().await.unwrap(), 700);
-        assert!(backend.stats().script_reloads >= 6, "{:?}", backend.stats());
+        // Each of the 6 flushes makes the next EVALSHA of *some* client fail with NOSCRIPT;
+        // tests running in parallel share the server's script cache, so another client may
+        // reload first. At least one reload must have been ours, or the flushes went unseen.
+        assert!(backend.stats().script_reloads >= 1, "{:?}", backend.stats());
     });
 }
 
