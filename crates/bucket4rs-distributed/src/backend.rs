@@ -17,7 +17,7 @@ use async_trait::async_trait;
 
 use crate::error::BackendError;
 use crate::format::{self, Record};
-use crate::key::StorageKey;
+use crate::key::{StorageKey, StorageKeyRef};
 
 /// What a transaction asks the backend to do with the key.
 ///
@@ -273,6 +273,48 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn is_in_process(&self) -> bool {
         false
     }
+
+    /// Whether [`transact_now`](Self::transact_now) is implemented (it then never answers
+    /// `None`). Default: `false`. The [`EmbeddedBackend`](crate::EmbeddedBackend) says `true`.
+    ///
+    /// ```
+    /// use bucket4rs_distributed::{Backend, EmbeddedBackend};
+    /// assert!(EmbeddedBackend::new().supports_transact_now());
+    /// ```
+    fn supports_transact_now(&self) -> bool {
+        false
+    }
+
+    /// [`transact`](Self::transact) run to completion synchronously, on the calling thread,
+    /// for backends that can (see [`supports_transact_now`](Self::supports_transact_now)):
+    /// same contract and same effect as `transact`. `None` when this backend cannot (the
+    /// default). The manager's synchronous entry point
+    /// ([`ProxyManager::in_process_bucket`](crate::ProxyManager::in_process_bucket)) calls
+    /// it; the key is borrowed, so a backend that finds the key needs no owned copy.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{Backend, EmbeddedBackend, KeyPolicy, Transaction, Write, Command};
+    /// # struct Noop;
+    /// # impl Transaction for Noop {
+    /// #     fn command(&self) -> Command { Command::AvailableTokens }
+    /// #     fn needs_backend_clock(&self) -> bool { true }
+    /// #     fn client_now(&self) -> Option<i64> { None }
+    /// #     fn ttl_margin(&self) -> std::time::Duration { std::time::Duration::ZERO }
+    /// #     fn apply(&mut self, _: Option<&[u8]>, _: Option<i64>) -> Write { Write::Keep }
+    /// # }
+    /// let key = KeyPolicy::new("p")?.key("k")?;
+    /// let backend = EmbeddedBackend::new();
+    /// assert!(matches!(backend.transact_now(key.as_key_ref(), &mut Noop), Some(Ok(()))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn transact_now(
+        &self,
+        key: StorageKeyRef<'_>,
+        tx: &mut dyn Transaction,
+    ) -> Option<Result<(), BackendError>> {
+        let _ = (key, tx);
+        None
+    }
 }
 
 #[async_trait]
@@ -295,5 +337,15 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn is_in_process(&self) -> bool {
         (**self).is_in_process()
+    }
+    fn supports_transact_now(&self) -> bool {
+        (**self).supports_transact_now()
+    }
+    fn transact_now(
+        &self,
+        key: StorageKeyRef<'_>,
+        tx: &mut dyn Transaction,
+    ) -> Option<Result<(), BackendError>> {
+        (**self).transact_now(key, tx)
     }
 }

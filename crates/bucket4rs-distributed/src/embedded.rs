@@ -12,7 +12,7 @@ use dashmap::mapref::entry::Entry as MapEntry;
 use crate::backend::{Backend, BackendClock, DecodedWrite, Transaction};
 use crate::error::{BackendError, BackendErrorKind};
 use crate::format::{self, Record};
-use crate::key::StorageKey;
+use crate::key::{StorageKey, StorageKeyRef};
 
 /// A key's record, kept decoded: the configuration is an `Arc` shared with the supplier that
 /// created it, the state a small vector updated in place.
@@ -188,14 +188,14 @@ impl EmbeddedBackend {
     /// and the sweeps.
     fn transact_slow(
         &self,
-        key: &StorageKey,
+        key: StorageKeyRef<'_>,
         tx: &mut dyn Transaction,
     ) -> Result<(), BackendError> {
         let mut swept = false;
         loop {
             let now = self.clock.now_nanos();
             let backend_now = tx.needs_backend_clock().then_some(now);
-            match self.map.entry(key.clone()) {
+            match self.map.entry(key.to_owned()) {
                 MapEntry::Occupied(mut o) => {
                     let live = !expired(o.get(), now);
                     let current = if live {
@@ -257,18 +257,19 @@ fn expired(slot: &Slot, now: i64) -> bool {
     slot.expires_at.is_some_and(|at| now >= at)
 }
 
-#[async_trait]
-impl Backend for EmbeddedBackend {
-    async fn transact(
+impl EmbeddedBackend {
+    /// The transaction, synchronously (both [`Backend::transact`] and
+    /// [`Backend::transact_now`] run this).
+    fn transact_sync(
         &self,
-        key: &StorageKey,
+        key: StorageKeyRef<'_>,
         tx: &mut dyn Transaction,
     ) -> Result<(), BackendError> {
         let now = self.clock.now_nanos();
         let backend_now = tx.needs_backend_clock().then_some(now);
         // The common case, a live key: its shard's write lock through a borrowed key (no
         // key clone), the record updated in place.
-        if let Some(mut slot) = self.map.get_mut(key) {
+        if let Some(mut slot) = self.map.get_mut(key.as_str()) {
             if !expired(&slot, now) {
                 match tx.apply_decoded(Some(&mut slot.record), backend_now) {
                     DecodedWrite::Updated { ttl } => slot.expires_at = self.expiry(now, ttl),
@@ -285,6 +286,29 @@ impl Backend for EmbeddedBackend {
             }
         }
         self.transact_slow(key, tx)
+    }
+}
+
+#[async_trait]
+impl Backend for EmbeddedBackend {
+    async fn transact(
+        &self,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+    ) -> Result<(), BackendError> {
+        self.transact_sync(key.as_key_ref(), tx)
+    }
+
+    fn supports_transact_now(&self) -> bool {
+        true
+    }
+
+    fn transact_now(
+        &self,
+        key: StorageKeyRef<'_>,
+        tx: &mut dyn Transaction,
+    ) -> Option<Result<(), BackendError>> {
+        Some(self.transact_sync(key, tx))
     }
 
     async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {

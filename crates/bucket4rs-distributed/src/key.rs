@@ -37,6 +37,106 @@ impl StorageKey {
     }
 }
 
+impl core::borrow::Borrow<str> for StorageKey {
+    /// Lets maps keyed by `StorageKey` be searched with a [`StorageKeyRef`]'s text (the
+    /// [`EmbeddedBackend`](crate::EmbeddedBackend) does, so a lookup needs no owned key).
+    /// Hashing and equality agree with the key's text.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::KeyPolicy;
+    /// use std::collections::HashSet;
+    /// let set: HashSet<_> = [KeyPolicy::new("p")?.key("a")?].into_iter().collect();
+    /// assert!(set.contains("p:a"));
+    /// # Ok::<(), bucket4rs_distributed::KeyError>(())
+    /// ```
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl StorageKey {
+    /// A borrowed form of the key.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::KeyPolicy;
+    /// let key = KeyPolicy::new("p")?.key("a")?;
+    /// assert_eq!(key.as_key_ref().as_str(), "p:a");
+    /// # Ok::<(), bucket4rs_distributed::KeyError>(())
+    /// ```
+    pub fn as_key_ref(&self) -> StorageKeyRef<'_> {
+        StorageKeyRef(&self.0)
+    }
+}
+
+/// A borrowed [`StorageKey`]: the same text (made by a [`KeyPolicy`], so printable ASCII
+/// without `{` or `}`), held without an allocation, e.g. encoded on the stack for one call
+/// ([`ProxyManager::in_process_bucket`](crate::ProxyManager::in_process_bucket)).
+///
+/// ```
+/// # use bucket4rs_distributed::KeyPolicy;
+/// let key = KeyPolicy::new("p")?.key("a b")?;
+/// let r = key.as_key_ref();
+/// assert_eq!(r.as_str(), "p:a%20b");
+/// assert_eq!(r.to_owned(), key);
+/// # Ok::<(), bucket4rs_distributed::KeyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StorageKeyRef<'a>(&'a str);
+
+impl StorageKeyRef<'_> {
+    /// The key as text.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::KeyPolicy;
+    /// assert_eq!(KeyPolicy::new("p")?.key("a")?.as_key_ref().as_str(), "p:a");
+    /// # Ok::<(), bucket4rs_distributed::KeyError>(())
+    /// ```
+    pub fn as_str(&self) -> &str {
+        self.0
+    }
+
+    /// An owned copy (allocates).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::KeyPolicy;
+    /// let key = KeyPolicy::new("p")?.key("a")?;
+    /// assert_eq!(key.as_key_ref().to_owned(), key);
+    /// # Ok::<(), bucket4rs_distributed::KeyError>(())
+    /// ```
+    #[allow(clippy::should_implement_trait)]
+    pub fn to_owned(&self) -> StorageKey {
+        StorageKey(self.0.to_owned())
+    }
+}
+
+impl core::fmt::Display for StorageKeyRef<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// Encoded keys up to this many bytes are built on the stack by [`KeyPolicy::encode`].
+const INLINE_KEY: usize = 128;
+
+/// A storage key encoded for one call: on the stack when it fits in [`INLINE_KEY`] bytes.
+pub(crate) enum EncodedKey {
+    Inline { buf: [u8; INLINE_KEY], len: usize },
+    Heap(StorageKey),
+}
+
+impl EncodedKey {
+    pub(crate) fn as_key_ref(&self) -> StorageKeyRef<'_> {
+        match self {
+            // ASCII by construction, so `from_utf8` cannot fail; the fallback keeps this
+            // total without `unsafe`.
+            Self::Inline { buf, len } => {
+                StorageKeyRef(core::str::from_utf8(&buf[..*len]).unwrap_or(""))
+            }
+            Self::Heap(k) => k.as_key_ref(),
+        }
+    }
+}
+
 impl core::fmt::Display for StorageKey {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.write_str(&self.0)
@@ -128,34 +228,77 @@ impl KeyPolicy {
     /// # Ok::<(), bucket4rs_distributed::KeyError>(())
     /// ```
     pub fn key(&self, user_key: impl AsRef<[u8]>) -> Result<StorageKey, KeyError> {
-        const HEX: &[u8; 16] = b"0123456789ABCDEF";
         let user = user_key.as_ref();
-        let len = self.prefix.len()
-            + 1
-            + user
-                .iter()
-                .map(|&b| if plain(b) { 1 } else { 3 })
-                .sum::<usize>();
+        let len = self.encoded_len(user)?;
+        let mut out = String::with_capacity(len);
+        out.push_str(&self.prefix);
+        out.push(':');
+        let all_plain = len == self.prefix.len() + 1 + user.len();
+        if let (true, Ok(text)) = (all_plain, core::str::from_utf8(user)) {
+            // Every byte is plain ASCII (the common case): one copy, no per-byte escaping.
+            out.push_str(text);
+        } else {
+            for &b in user {
+                if plain(b) {
+                    out.push(b as char);
+                } else {
+                    let [h, l] = escape(b);
+                    out.push('%');
+                    out.push(h as char);
+                    out.push(l as char);
+                }
+            }
+        }
+        Ok(StorageKey(out))
+    }
+
+    /// The length of `user`'s storage key, checked against the limit.
+    fn encoded_len(&self, user: &[u8]) -> Result<usize, KeyError> {
+        let escaped = user.iter().filter(|&&b| !plain(b)).count();
+        let len = self.prefix.len() + 1 + user.len() + 2 * escaped;
         if len > self.max_len {
             return Err(KeyError::TooLong {
                 len,
                 max: self.max_len,
             });
         }
-        let mut out = String::with_capacity(len);
-        out.push_str(&self.prefix);
-        out.push(':');
-        for &b in user {
-            if plain(b) {
-                out.push(b as char);
-            } else {
-                out.push('%');
-                out.push(HEX[(b >> 4) as usize] as char);
-                out.push(HEX[(b & 15) as usize] as char);
+        Ok(len)
+    }
+
+    /// The storage key of `user_key` for one call: the same text as [`key`](Self::key),
+    /// on the stack when it is short (no allocation).
+    pub(crate) fn encode(&self, user_key: &[u8]) -> Result<EncodedKey, KeyError> {
+        let len = self.encoded_len(user_key)?;
+        if len > INLINE_KEY {
+            return self.key(user_key).map(EncodedKey::Heap);
+        }
+        let mut buf = [0u8; INLINE_KEY];
+        let p = self.prefix.len();
+        buf[..p].copy_from_slice(self.prefix.as_bytes());
+        buf[p] = b':';
+        let rest = &mut buf[p + 1..len];
+        if rest.len() == user_key.len() {
+            rest.copy_from_slice(user_key);
+        } else {
+            let mut at = 0;
+            for &b in user_key {
+                if plain(b) {
+                    rest[at] = b;
+                    at += 1;
+                } else {
+                    let [h, l] = escape(b);
+                    rest[at..at + 3].copy_from_slice(&[b'%', h, l]);
+                    at += 3;
+                }
             }
         }
-        Ok(StorageKey(out))
+        Ok(EncodedKey::Inline { buf, len })
     }
+}
+
+fn escape(b: u8) -> [u8; 2] {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    [HEX[(b >> 4) as usize], HEX[(b & 15) as usize]]
 }
 
 fn plain(b: u8) -> bool {
@@ -189,5 +332,45 @@ mod tests {
         assert!(p.key("abcdef").is_ok()); // "p:abcdef" = 8
         assert_eq!(p.key("abcdefg"), Err(KeyError::TooLong { len: 9, max: 8 }));
         assert_eq!(p.key("{}").unwrap().as_str(), "p:%7B%7D");
+        assert!(p.encode(b"abcdef").is_ok());
+        assert_eq!(
+            p.encode(b"abcdefg").err(),
+            Some(KeyError::TooLong { len: 9, max: 8 })
+        );
+    }
+
+    /// `encode` (stack or heap) gives exactly `key`'s text, for plain and escaped keys on
+    /// both sides of the inline limit.
+    #[test]
+    fn encode_matches_key() {
+        let p = KeyPolicy::new("rl:x").unwrap();
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        for n in 0..2000usize {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let len = n % 200;
+            let user: Vec<u8> = (0..len)
+                .map(|i| {
+                    let r = rng.rotate_left(i as u32 % 64) as u8;
+                    if n % 3 == 0 { r } else { b'a' + r % 26 }
+                })
+                .collect();
+            let owned = p.key(&user);
+            let enc = p.encode(&user);
+            match (owned, enc) {
+                (Ok(k), Ok(e)) => {
+                    assert_eq!(e.as_key_ref().as_str(), k.as_str());
+                    assert_eq!(e.as_key_ref().to_owned(), k);
+                    let inline = matches!(e, EncodedKey::Inline { .. });
+                    assert_eq!(inline, k.as_str().len() <= INLINE_KEY);
+                }
+                (Err(a), Err(b)) => assert_eq!(a, b),
+                (a, b) => panic!(
+                    "key {a:?} but encode {:?}",
+                    b.map(|e| e.as_key_ref().to_owned())
+                ),
+            }
+        }
     }
 }

@@ -58,9 +58,9 @@ mod redis_backend;
 pub use backend::{Backend, BackendClock, Command, DecodedWrite, Transaction, Write};
 pub use embedded::EmbeddedBackend;
 pub use error::{BackendError, BackendErrorKind, DistributedError, FormatError, KeyError};
-pub use key::{KeyPolicy, StorageKey};
+pub use key::{KeyPolicy, StorageKey, StorageKeyRef};
 pub use manager::{
-    Batching, BlockingRemoteBucket, ManagerBuilder, ProxyManager, RemoteBucket,
+    Batching, BlockingRemoteBucket, InProcessBucket, ManagerBuilder, ProxyManager, RemoteBucket,
     RemoteBucketBuilder, RetryPolicy, TimeSource, Verbose, VerboseRemoteBucket,
 };
 pub use policy::{Decision, FailurePolicy};

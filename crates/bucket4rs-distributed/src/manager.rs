@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use crate::backend::{Backend, BackendClock, Command, DecodedWrite, Transaction, Write};
 use crate::error::{BackendError, BackendErrorKind, DistributedError, FormatError};
 use crate::format;
-use crate::key::{KeyPolicy, StorageKey};
+use crate::key::{EncodedKey, KeyPolicy, StorageKey, StorageKeyRef};
 
 /// Where remote buckets read `now` from.
 ///
@@ -531,6 +531,47 @@ impl<B: Backend> ProxyManager<B> {
         Ok(self.inner.keys.key(key)?)
     }
 
+    /// The bucket of `key` for synchronous calls, when the backend can run a transaction
+    /// synchronously ([`Backend::supports_transact_now`], e.g. the [`EmbeddedBackend`](crate::EmbeddedBackend));
+    /// `None` otherwise: use [`builder`](Self::builder).
+    ///
+    /// The same transactions as a [`RemoteBucket`]'s with the same results, run at once on
+    /// the calling thread ([`Backend::transact_now`]): no future, no key or supplier
+    /// allocation (the key is encoded on the stack when short, `configuration` is borrowed
+    /// and cloned only when the key has no bucket yet). For hot paths such as a
+    /// per-request limiter in an HTTP layer.
+    ///
+    /// # Errors
+    /// [`DistributedError::Key`] when the key is too long.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.in_process_bucket("user-42", &config)?.expect("embedded is in-process");
+    /// let v = bucket.try_consume_and_return_remaining(2)?;
+    /// assert!(v.value.is_consumed());
+    /// assert_eq!(v.state.bandwidths()[0].tokens(), 1);
+    /// assert_eq!(bucket.key().as_str(), "bucket4rs:user-42");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn in_process_bucket<'a>(
+        &'a self,
+        key: impl AsRef<[u8]>,
+        configuration: &'a BucketConfiguration,
+    ) -> Result<Option<InProcessBucket<'a, B>>, DistributedError> {
+        if !self.inner.backend.supports_transact_now() {
+            return Ok(None);
+        }
+        let key = self.inner.keys.encode(key.as_ref())?;
+        Ok(Some(InProcessBucket {
+            manager: self,
+            key,
+            configuration,
+        }))
+    }
+
     /// Deletes a key's bucket; whether it existed. The next use recreates it from its
     /// configuration supplier.
     ///
@@ -720,6 +761,85 @@ impl<B: Backend> RemoteBucketBuilder<B> {
             key,
             supplier: Arc::new(configuration),
         })
+    }
+}
+
+/// A bucket of an in-process backend called synchronously; from
+/// [`ProxyManager::in_process_bucket`].
+///
+/// Its operations are those of [`RemoteBucket`], in their verbose form, without `async`:
+/// each runs one transaction through [`Backend::transact_now`] and returns the same
+/// [`Verbose`] result the async call would.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+/// let manager = ProxyManager::new(EmbeddedBackend::new());
+/// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+/// if let Some(bucket) = manager.in_process_bucket("k", &config)? {
+///     assert!(bucket.try_consume(3)?.value);
+///     assert!(!bucket.try_consume(1)?.value);
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct InProcessBucket<'a, B> {
+    manager: &'a ProxyManager<B>,
+    key: EncodedKey,
+    configuration: &'a BucketConfiguration,
+}
+
+impl<B: fmt::Debug> fmt::Debug for InProcessBucket<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InProcessBucket")
+            .field("key", &self.key.as_key_ref())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> InProcessBucket<'_, B> {
+    /// The storage key.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.in_process_bucket("k", &config)?.unwrap();
+    /// assert_eq!(bucket.key().as_str(), "bucket4rs:k");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn key(&self) -> StorageKeyRef<'_> {
+        self.key.as_key_ref()
+    }
+
+    fn op<O>(&self, op: O) -> Result<Verbose<O::Output>, DistributedError>
+    where
+        O: RemoteOp,
+        O::Output: Send + Sync,
+    {
+        op.validate()?;
+        let inner = &self.manager.inner;
+        let config = self.configuration;
+        let supplier = move || config.clone();
+        let mut tx = OpTx {
+            command: op.command(),
+            job: OpJob(op),
+            supplier: &supplier,
+            clock: inner.time.0.as_deref(),
+            wall: inner.wall,
+            margin: inner.ttl_margin,
+            out: None,
+        };
+        match inner.backend.transact_now(self.key.as_key_ref(), &mut tx) {
+            Some(r) => r.map_err(backend_error)?,
+            None => {
+                return Err(DistributedError::Backend(BackendError::new(
+                    BackendErrorKind::Other,
+                    "the backend does not run transactions synchronously (Backend::transact_now)",
+                )));
+            }
+        }
+        tx.out.unwrap_or_else(|| Err(not_run()))
     }
 }
 
@@ -1736,6 +1856,21 @@ macro_rules! operations {
                 /// As the plain form.
                 pub async fn $name(&self, $($arg: $ty),*) -> Result<Verbose<$out>, DistributedError> {
                     self.bucket.op($op).await
+                }
+            )*
+        }
+
+        impl<B: Backend> InProcessBucket<'_, B> {
+            $(
+                $(#[$doc])*
+                ///
+                /// In-process form: synchronous, and verbose (also returns the
+                /// configuration and state).
+                ///
+                /// # Errors
+                /// As the async form (never a timeout).
+                pub fn $name(&self, $($arg: $ty),*) -> Result<Verbose<$out>, DistributedError> {
+                    self.op($op)
                 }
             )*
         }

@@ -6,5 +6,6 @@ mod common;
 mod custom_backend;
 mod embedded;
 mod golden;
+mod in_process;
 #[cfg(feature = "redis")]
 mod redis;

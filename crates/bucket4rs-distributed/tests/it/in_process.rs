@@ -1,0 +1,262 @@
+//! The synchronous in-process entry point (`ProxyManager::in_process_bucket`): the same
+//! results as the async path and as the core, the same records and the same expiry.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bucket4rs_core::{BucketState, Clock, ManualClock};
+use bucket4rs_distributed::{
+    Backend, BackendError, DistributedError, EmbeddedBackend, InProcessBucket, KeyError,
+    ProxyManager, StorageKey, StorageKeyRef, TimeSource, Transaction, Verbose, format,
+};
+use rand::Rng;
+
+use crate::common::{RandomOp, core_result, random_config, random_op, remote_result, runtime};
+use crate::custom_backend::MapBackend;
+
+fn manager<B: Backend>(backend: B, clock: &ManualClock, margin: Duration) -> ProxyManager<B> {
+    ProxyManager::configure(backend)
+        .time_source(TimeSource::client(clock.clone()))
+        .ttl_margin(margin)
+        .build()
+        .unwrap()
+}
+
+/// An operation through the synchronous path, shown as `remote_result` shows the async one,
+/// plus the verbose snapshot (configuration, state, instant).
+fn sync_result<B: Backend>(op: RandomOp, b: &InProcessBucket<'_, B>) -> (String, Option<String>) {
+    fn show<T: Debug>(r: Result<Verbose<T>, DistributedError>) -> (String, Option<String>) {
+        match r {
+            Ok(v) => (
+                format!("{:?}", v.value),
+                Some(format!(
+                    "{:?} {:?} {}",
+                    v.configuration, v.state, v.now_nanos
+                )),
+            ),
+            Err(DistributedError::Operation(e)) => (format!("error: {e}"), None),
+            Err(e) => panic!("backend failure: {e:?}"),
+        }
+    }
+    match op {
+        RandomOp::TryConsume(n) => show(b.try_consume(n)),
+        RandomOp::Probe(n) => show(b.try_consume_and_return_remaining(n)),
+        RandomOp::Estimate(n) => show(b.estimate_ability_to_consume(n)),
+        RandomOp::AsMuch(None) => show(b.try_consume_as_much_as_possible()),
+        RandomOp::AsMuch(Some(l)) => show(b.try_consume_as_much_as_possible_with_limit(l)),
+        RandomOp::Add(n) => show(b.add_tokens(n)),
+        RandomOp::Force(n) => show(b.force_add_tokens(n)),
+        RandomOp::Reset => show(b.reset()),
+        RandomOp::Available => show(b.available_tokens()),
+        RandomOp::Ignoring(n) => show(b.consume_ignoring_rate_limits(n)),
+        RandomOp::Reserve(n, w) => show(b.reserve(n, w)),
+    }
+}
+
+/// Random configurations and operation sequences, on two embedded backends sharing one
+/// manual clock: one driven through `RemoteBucket` (async), one through `InProcessBucket`
+/// (sync). Both give the core's results while the key lives; with long idle gaps (keys
+/// expire and are recreated) they still agree with each other on every result, every
+/// stored record and every key count.
+#[test]
+fn the_sync_path_gives_the_async_path_and_the_core_results() {
+    let rt = runtime();
+    let mut rng = rand::rng();
+    for case in 0..400 {
+        let config = random_config(&mut rng);
+        let t0: i64 = rng.random_range(0..=1_000_000_000_000_000_000);
+        let clock = ManualClock::new(t0);
+        let margin = Duration::from_nanos(rng.random_range(0..=2_000_000_000));
+        let a = manager(EmbeddedBackend::with_clock(clock.clone()), &clock, margin);
+        let s = manager(EmbeddedBackend::with_clock(clock.clone()), &clock, margin);
+        // Keys of both sides of the stack/heap limit of the sync path's key encoding.
+        let user_key = if rng.random_bool(0.2) {
+            "k{é}/".repeat(rng.random_range(1..=30))
+        } else {
+            format!("user-{case}")
+        };
+        let c2 = config.clone();
+        let remote = a.builder().build(&user_key, move || c2.clone()).unwrap();
+        let mut state = BucketState::new(&config, t0);
+        let steps = rng.random_range(1..=40);
+        for step in 0..steps {
+            // Mostly short gaps (some keys expire even so); sometimes long ones.
+            let gap = if rng.random_bool(0.1) {
+                rng.random_range(0..=1_000_000_000_000_000)
+            } else {
+                rng.random_range(0..=3_000_000_000)
+            };
+            clock.advance_nanos(gap);
+            let now = clock.now_nanos();
+            let op = random_op(&mut rng);
+            let before = rt.block_on(s.backend().read(remote.key())).unwrap();
+            let sync = s.in_process_bucket(&user_key, &config).unwrap().unwrap();
+            assert_eq!(sync.key().as_str(), remote.key().as_str());
+            let (got, snapshot) = sync_result(op, &sync);
+            let expected = rt.block_on(remote_result(op, &remote));
+            assert_eq!(
+                got, expected,
+                "case {case} step {step}: {op:?} on {config:?}"
+            );
+            // The core agrees, from a new state whenever the key had none (first use, or
+            // expired: the bucket would have been full again).
+            if before.is_none() {
+                state = BucketState::new(&config, now);
+            }
+            assert_eq!(
+                got,
+                core_result(op, &config, &mut state, now),
+                "case {case} step {step}: {op:?} (core)"
+            );
+            if let Some(snapshot) = snapshot {
+                let record = rt.block_on(remote.raw_record()).unwrap();
+                if let Some(bytes) = record {
+                    let r = format::decode(&bytes).unwrap();
+                    assert_eq!(snapshot, format!("{:?} {:?} {now}", r.config, r.state));
+                }
+            }
+            let key = remote.key();
+            assert_eq!(
+                rt.block_on(s.backend().read(key)).unwrap(),
+                rt.block_on(a.backend().read(key)).unwrap(),
+                "case {case} step {step}: records"
+            );
+            assert_eq!(s.backend().len(), a.backend().len());
+            assert_eq!(s.backend().sweep(), a.backend().sweep());
+        }
+    }
+}
+
+/// A custom backend implementing `transact_now` gets the same results through the sync path
+/// as the same backend through the async one; a backend without it gets no in-process
+/// bucket; a too-long key is refused as by `RemoteBucketBuilder::build`.
+#[test]
+fn default_transact_now_other_backends_and_long_keys() {
+    #[derive(Debug, Default)]
+    struct InProcessMap(MapBackend);
+    #[async_trait]
+    impl Backend for InProcessMap {
+        async fn transact(
+            &self,
+            key: &StorageKey,
+            tx: &mut dyn Transaction,
+        ) -> Result<(), BackendError> {
+            self.0.transact(key, tx).await
+        }
+        async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+            self.0.read(key).await
+        }
+        async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
+            self.0.remove(key).await
+        }
+        fn is_in_process(&self) -> bool {
+            true
+        }
+        fn supports_transact_now(&self) -> bool {
+            true
+        }
+        fn transact_now(
+            &self,
+            key: StorageKeyRef<'_>,
+            tx: &mut dyn Transaction,
+        ) -> Option<Result<(), BackendError>> {
+            // `MapBackend::transact` never waits: one poll completes it.
+            let key = key.to_owned();
+            let mut fut = self.0.transact(&key, tx);
+            match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(r) => Some(r),
+                Poll::Pending => None,
+            }
+        }
+    }
+
+    let rt = runtime();
+    let mut rng = rand::rng();
+    let clock = ManualClock::new(1_000);
+    let m = manager(Arc::new(InProcessMap::default()), &clock, Duration::ZERO);
+    let r = manager(MapBackend::default(), &clock, Duration::ZERO);
+    for case in 0..100 {
+        let config = random_config(&mut rng);
+        let key = format!("k{case}");
+        for _ in 0..10 {
+            clock.advance_nanos(rng.random_range(0..=1_000_000_000));
+            let op = random_op(&mut rng);
+            let (x, _) = sync_result(op, &m.in_process_bucket(&key, &config).unwrap().unwrap());
+            let c2 = config.clone();
+            let remote = r.builder().build(&key, move || c2.clone()).unwrap();
+            let y = rt.block_on(remote_result(op, &remote));
+            assert_eq!(x, y, "case {case}: {op:?} on {config:?}");
+        }
+        let sk = m.storage_key(&key).unwrap();
+        assert_eq!(
+            rt.block_on(m.backend().read(&sk)).unwrap(),
+            rt.block_on(r.backend().read(&sk)).unwrap()
+        );
+    }
+
+    let config = random_config(&mut rng);
+    assert!(r.in_process_bucket("k", &config).unwrap().is_none());
+    /// In-process, but without `transact_now`.
+    #[derive(Debug, Default)]
+    struct NoSync(MapBackend);
+    #[async_trait]
+    impl Backend for NoSync {
+        async fn transact(
+            &self,
+            key: &StorageKey,
+            tx: &mut dyn Transaction,
+        ) -> Result<(), BackendError> {
+            self.0.transact(key, tx).await
+        }
+        async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+            self.0.read(key).await
+        }
+        async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
+            self.0.remove(key).await
+        }
+        fn is_in_process(&self) -> bool {
+            true
+        }
+    }
+    let n = manager(NoSync::default(), &clock, Duration::ZERO);
+    assert!(n.in_process_bucket("k", &config).unwrap().is_none());
+    let e = manager(
+        EmbeddedBackend::with_clock(clock.clone()),
+        &clock,
+        Duration::ZERO,
+    );
+
+    let long = "x".repeat(600);
+    assert!(matches!(
+        e.in_process_bucket(&long, &config),
+        Err(DistributedError::Key(KeyError::TooLong { .. }))
+    ));
+    assert!(matches!(
+        e.builder().build(&long, || unreachable!()),
+        Err(DistributedError::Key(KeyError::TooLong { .. }))
+    ));
+}
+
+/// The configuration is cloned only for a key without a bucket: afterwards the stored one
+/// rules (a caller passing another configuration still gets the stored bucket's answers).
+#[test]
+fn the_stored_configuration_rules_as_with_a_supplier() {
+    let clock = ManualClock::new(0);
+    let m = manager(
+        EmbeddedBackend::with_clock(clock.clone()),
+        &clock,
+        Duration::ZERO,
+    );
+    let small = crate::common::simple(2, Duration::from_secs(60));
+    let big = crate::common::simple(100, Duration::from_secs(60));
+    let b = m.in_process_bucket("k", &small).unwrap().unwrap();
+    assert!(b.try_consume(2).unwrap().value);
+    let b = m.in_process_bucket("k", &big).unwrap().unwrap();
+    let v = b.try_consume(1).unwrap();
+    assert!(!v.value);
+    assert_eq!(v.configuration, small);
+    assert_eq!(m.backend().len(), 1);
+}
