@@ -131,20 +131,8 @@ pub(crate) fn policy_header(quotas: &[Quota]) -> HeaderValue {
 const U64_DIGITS: usize = 20;
 
 /// Writes `n` in decimal at `buf[*at..]` without the formatting machinery (hot path).
-fn put_u64(buf: &mut [u8], at: &mut usize, mut n: u64) {
-    let mut digits = [0u8; U64_DIGITS];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let len = digits.len() - i;
-    buf[*at..*at + len].copy_from_slice(&digits[i..]);
-    *at += len;
+fn put_u64(buf: &mut [u8], at: &mut usize, n: u64) {
+    put(buf, at, itoa::Buffer::new().format(n).as_bytes());
 }
 
 fn put(buf: &mut [u8], at: &mut usize, bytes: &[u8]) {

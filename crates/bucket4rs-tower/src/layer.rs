@@ -3,12 +3,12 @@
 use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
-use core::task::{Context, Poll, Waker, ready};
+use core::task::{Context, Poll, ready};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bucket4rs_core::ConsumptionProbe;
 use bucket4rs_core::TokensInheritanceStrategy;
+use bucket4rs_core::{BucketConfiguration, ConsumptionProbe};
 use bucket4rs_distributed::{
     Backend, BackendError, BackendErrorKind, DistributedError, EmbeddedBackend, FailurePolicy,
     ProxyManager, RemoteBucket, StorageKey, Transaction, Verbose,
@@ -398,19 +398,15 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    #[project_replace = StateReplace]
     enum State<S, ReqBody, B>
     where
         S: Service<Request<ReqBody>>,
     {
-        // The bucket operation is running; the request waits.
+        // The bucket operation is running (a remote backend); the request waits, boxed so
+        // that it does not enlarge the future of the in-process path.
         Deciding {
             op: Op<B>,
-            inner: S,
-            req: Request<ReqBody>,
-            shared: Arc<Shared<B>>,
-            plan: Plan,
-            cost: u64,
+            waiting: Option<Box<Waiting<S, ReqBody, B>>>,
         },
         // Allowed (or unmetered): the inner service answers, then the headers are added.
         Calling {
@@ -424,6 +420,15 @@ pin_project! {
         Boxed { fut: BoxResponse<S::Response, S::Error> },
         Done,
     }
+}
+
+/// A request waiting for a remote bucket's answer.
+struct Waiting<S, ReqBody, B> {
+    inner: S,
+    req: Request<ReqBody>,
+    shared: Arc<Shared<B>>,
+    plan: Plan,
+    cost: u64,
 }
 
 impl<S, ReqBody, B> fmt::Debug for ResponseFuture<S, ReqBody, B>
@@ -450,21 +455,27 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Deciding { op, .. } => {
+                StateProj::Deciding { op, waiting } => {
                     let (bucket, result) = ready!(op.as_mut().poll(cx));
-                    if let StateReplace::Deciding {
-                        op: _,
+                    let Some(w) = waiting.take() else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    let Waiting {
                         mut inner,
                         req,
                         shared,
                         plan,
                         cost,
-                    } = state.as_mut().project_replace(State::Done)
-                    {
-                        state.set(decided(
-                            &shared, bucket, plan, cost, result, &mut inner, req,
-                        ));
-                    }
+                    } = *w;
+                    state.set(decided(
+                        &shared,
+                        Some(bucket),
+                        plan,
+                        cost,
+                        result,
+                        &mut inner,
+                        req,
+                    ));
                 }
                 StateProj::Calling { fut, headers } => {
                     let mut resp = ready!(fut.poll(cx))?;
@@ -506,7 +517,7 @@ where
 /// boxed future.
 fn decided<S, ReqBody, ResBody, B>(
     shared: &Arc<Shared<B>>,
-    bucket: RemoteBucket<B>,
+    bucket: Option<RemoteBucket<B>>,
     plan: Plan,
     cost: u64,
     result: Result<Verbose<ConsumptionProbe>, DistributedError>,
@@ -522,7 +533,7 @@ where
     B: Backend,
 {
     match result {
-        Ok(v) if v.configuration == *plan.configuration() => {
+        Ok(v) if same_config(&v.configuration, plan.configuration()) => {
             match verdict(&plan, &v, cost, shared.remaining_header) {
                 Verdict::Allow(headers) => State::Calling {
                     fut: inner.call(req),
@@ -532,6 +543,18 @@ where
             }
         }
         result => {
+            // Given for the rare outcomes; its key was valid, so this is not expected.
+            let bucket = match bucket {
+                Some(b) => b,
+                None => {
+                    return State::Ready {
+                        resp: Some(key_problem(
+                            shared.missing_key,
+                            "the client key is too long",
+                        )),
+                    };
+                }
+            };
             let fresh = inner.clone();
             let ready = core::mem::replace(inner, fresh);
             State::Boxed {
@@ -667,7 +690,7 @@ where
         }
     };
     let stored;
-    let effective = if v.configuration == *plan.configuration() {
+    let effective = if same_config(&v.configuration, plan.configuration()) {
         &plan
     } else {
         // The key's bucket was created under another plan (the key changed plan, or the
@@ -690,6 +713,24 @@ where
         }
         Verdict::Answer(resp) => Ok(resp),
     }
+}
+
+/// Whether two configurations are equal; first by identity (a bucket created from a plan
+/// shares its configuration's bandwidths, and `Arc<[T]>`'s `==` compares the elements).
+fn same_config(a: &BucketConfiguration, b: &BucketConfiguration) -> bool {
+    core::ptr::eq(a.bandwidths(), b.bandwidths()) || a == b
+}
+
+/// The [`RemoteBucket`] of a client key under `plan`.
+fn remote_bucket<B: Backend>(
+    shared: &Shared<B>,
+    key: &str,
+    plan: &Plan,
+) -> Result<RemoteBucket<B>, DistributedError> {
+    let supplier_plan = plan.clone();
+    shared.manager.builder().build(key.as_bytes(), move || {
+        supplier_plan.configuration().clone()
+    })
 }
 
 fn key_problem<ResBody: From<Bytes>>(status: StatusCode, detail: &str) -> Response<ResBody> {
@@ -742,10 +783,35 @@ where
         if cost > plan.min_capacity() {
             return ResponseFuture::ready(cost_exceeds_capacity(&plan, cost));
         }
-        let supplier_plan = plan.clone();
-        let bucket = match shared.manager.builder().build(key.as_bytes(), move || {
-            supplier_plan.configuration().clone()
-        }) {
+        // An in-process backend (the embedded default): the bucket is called synchronously,
+        // with the storage key encoded on the stack and the plan's configuration borrowed
+        // (cloned only when the key has no bucket yet), and the request decided here, so
+        // `self.inner` (the service that was polled ready) is called without a clone.
+        match shared
+            .manager
+            .in_process_bucket(key.as_bytes(), plan.configuration())
+        {
+            Ok(Some(bucket)) => {
+                let result = bucket.try_consume_and_return_remaining(cost);
+                // Only the rare paths need a `RemoteBucket` (the failure policy and the
+                // switch to the current plan run through it).
+                let remote = match &result {
+                    Ok(v) if same_config(&v.configuration, plan.configuration()) => None,
+                    _ => remote_bucket(shared, &key, &plan).ok(),
+                };
+                return ResponseFuture {
+                    state: decided(shared, remote, plan, cost, result, &mut self.inner, req),
+                };
+            }
+            Ok(None) => {}
+            Err(_) => {
+                return ResponseFuture::ready(key_problem(
+                    shared.missing_key,
+                    "the client key is too long",
+                ));
+            }
+        }
+        let bucket = match remote_bucket(shared, &key, &plan) {
             Ok(b) => b,
             Err(_) => {
                 return ResponseFuture::ready(key_problem(
@@ -754,36 +820,26 @@ where
                 ));
             }
         };
-        let mut op: Op<B> = Box::pin(async move {
+        let op: Op<B> = Box::pin(async move {
             let result = bucket
                 .verbose()
                 .try_consume_and_return_remaining(cost)
                 .await;
             (bucket, result)
         });
-        if shared.manager.backend().is_in_process() {
-            // An in-process backend never waits: its answer is there at the first poll, so
-            // the request is decided here and `self.inner` (the service that was polled
-            // ready) is called without a clone. A later poll would re-register the real
-            // waker, so a `Pending` here is still handled correctly below.
-            let mut cx = Context::from_waker(Waker::noop());
-            if let Poll::Ready((bucket, result)) = op.as_mut().poll(&mut cx) {
-                return ResponseFuture {
-                    state: decided(shared, bucket, plan, cost, result, &mut self.inner, req),
-                };
-            }
-        }
         // The clone is not necessarily ready: keep the one that was polled.
         let fresh = self.inner.clone();
         let inner = core::mem::replace(&mut self.inner, fresh);
         ResponseFuture {
             state: State::Deciding {
                 op,
-                inner,
-                req,
-                shared: Arc::clone(shared),
-                plan,
-                cost,
+                waiting: Some(Box::new(Waiting {
+                    inner,
+                    req,
+                    shared: Arc::clone(shared),
+                    plan,
+                    cost,
+                })),
             },
         }
     }
