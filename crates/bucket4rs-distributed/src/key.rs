@@ -302,8 +302,20 @@ fn escape(b: u8) -> [u8; 2] {
 }
 
 fn plain(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')
+    PLAIN[b as usize]
 }
+
+/// Which bytes a storage key keeps as they are: `[A-Za-z0-9._-]`.
+const PLAIN: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-');
+        b += 1;
+    }
+    t
+};
 
 #[cfg(test)]
 mod tests {

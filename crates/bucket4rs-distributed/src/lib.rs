@@ -61,7 +61,7 @@ pub use error::{BackendError, BackendErrorKind, DistributedError, FormatError, K
 pub use key::{KeyPolicy, StorageKey, StorageKeyRef};
 pub use manager::{
     Batching, BlockingRemoteBucket, InProcessBucket, ManagerBuilder, ProxyManager, RemoteBucket,
-    RemoteBucketBuilder, RetryPolicy, TimeSource, Verbose, VerboseRemoteBucket,
+    RemoteBucketBuilder, RetryPolicy, TimeSource, Verbose, VerboseRef, VerboseRemoteBucket,
 };
 pub use policy::{Decision, FailurePolicy};
 #[cfg(feature = "postgres")]

@@ -812,33 +812,94 @@ impl<B: Backend> InProcessBucket<'_, B> {
         self.key.as_key_ref()
     }
 
+    /// [`try_consume_and_return_remaining`](Self::try_consume_and_return_remaining) with the
+    /// result, configuration and state lent to `f` rather than cloned into a [`Verbose`]
+    /// (no allocation for the state): `f`'s answer is returned.
+    ///
+    /// `f` runs while the backend holds the key (keep it short, and do not use this bucket's
+    /// key from it); a backend that retries a transaction may call it more than once, and
+    /// only the last answer is returned. It is not called when the operation fails.
+    ///
+    /// # Errors
+    /// As `try_consume_and_return_remaining`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.in_process_bucket("k", &config)?.unwrap();
+    /// let left = bucket.try_consume_and_return_remaining_with(2, |v| {
+    ///     assert!(v.value.is_consumed());
+    ///     v.state.bandwidths()[0].tokens()
+    /// })?;
+    /// assert_eq!(left, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume_and_return_remaining_with<R: Send>(
+        &self,
+        tokens: u64,
+        f: impl FnMut(VerboseRef<'_, ConsumptionProbe>) -> R + Send,
+    ) -> Result<R, DistributedError> {
+        let op = ops::TryConsumeAndReturnRemaining(tokens);
+        op.validate()?;
+        let config = self.configuration;
+        let supplier = move || config.clone();
+        let mut tx = InspectTx {
+            tx: self.tx(op, &supplier),
+            f,
+            out: None,
+        };
+        self.transact(&mut tx)?;
+        tx.out.unwrap_or_else(|| Err(not_run()))
+    }
+
+    fn tx<'s, O>(
+        &'s self,
+        op: O,
+        supplier: &'s (dyn Fn() -> BucketConfiguration + Send + Sync),
+    ) -> OpTx<'s, OpJob<O>>
+    where
+        O: RemoteOp,
+        O::Output: Send + Sync,
+    {
+        let inner = &self.manager.inner;
+        OpTx {
+            command: op.command(),
+            job: OpJob(op),
+            supplier,
+            clock: inner.time.0.as_deref(),
+            wall: inner.wall,
+            margin: inner.ttl_margin,
+            out: None,
+        }
+    }
+
+    fn transact(&self, tx: &mut dyn Transaction) -> Result<(), DistributedError> {
+        match self
+            .manager
+            .inner
+            .backend
+            .transact_now(self.key.as_key_ref(), tx)
+        {
+            Some(r) => r.map_err(backend_error),
+            None => Err(DistributedError::Backend(BackendError::new(
+                BackendErrorKind::Other,
+                "the backend does not run transactions synchronously (Backend::transact_now)",
+            ))),
+        }
+    }
+
     fn op<O>(&self, op: O) -> Result<Verbose<O::Output>, DistributedError>
     where
         O: RemoteOp,
         O::Output: Send + Sync,
     {
         op.validate()?;
-        let inner = &self.manager.inner;
         let config = self.configuration;
         let supplier = move || config.clone();
-        let mut tx = OpTx {
-            command: op.command(),
-            job: OpJob(op),
-            supplier: &supplier,
-            clock: inner.time.0.as_deref(),
-            wall: inner.wall,
-            margin: inner.ttl_margin,
-            out: None,
-        };
-        match inner.backend.transact_now(self.key.as_key_ref(), &mut tx) {
-            Some(r) => r.map_err(backend_error)?,
-            None => {
-                return Err(DistributedError::Backend(BackendError::new(
-                    BackendErrorKind::Other,
-                    "the backend does not run transactions synchronously (Backend::transact_now)",
-                )));
-            }
-        }
+        let mut tx = self.tx(op, &supplier);
+        self.transact(&mut tx)?;
         tx.out.unwrap_or_else(|| Err(not_run()))
     }
 }
@@ -869,6 +930,55 @@ pub struct Verbose<T> {
     pub state: BucketState,
     /// The clock reading the operation ran at.
     pub now_nanos: i64,
+}
+
+/// An operation's result with the configuration and state it left behind, lent for the
+/// duration of a callback ([`InProcessBucket::try_consume_and_return_remaining_with`]).
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager, Verbose}; use std::time::Duration;
+/// # let manager = ProxyManager::new(EmbeddedBackend::new());
+/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+/// let bucket = manager.in_process_bucket("k", &config)?.unwrap();
+/// let owned: Verbose<_> = bucket.try_consume_and_return_remaining_with(1, |v| v.to_verbose())?;
+/// assert_eq!(owned.configuration, config);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct VerboseRef<'r, T> {
+    /// The operation's result.
+    pub value: T,
+    /// The configuration in force.
+    pub configuration: &'r BucketConfiguration,
+    /// The state after the operation (refilled to the operation's `now` where it wrote).
+    pub state: &'r BucketState,
+    /// The clock reading the operation ran at.
+    pub now_nanos: i64,
+}
+
+impl<T: Clone> VerboseRef<'_, T> {
+    /// An owned copy (clones the configuration and the state).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.in_process_bucket("k", &config)?.unwrap();
+    /// let v = bucket.try_consume_and_return_remaining_with(1, |v| v.to_verbose())?;
+    /// assert_eq!(v.state.bandwidths()[0].tokens(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn to_verbose(&self) -> Verbose<T> {
+        Verbose {
+            value: self.value.clone(),
+            configuration: self.configuration.clone(),
+            state: self.state.clone(),
+            now_nanos: self.now_nanos,
+        }
+    }
 }
 
 /// A bucket stored in a backend, with the local bucket API.
@@ -1197,23 +1307,35 @@ impl<J: Job> OpTx<'_, J> {
         current: Option<&mut format::Record>,
         backend_now: Option<i64>,
     ) -> (DecodedWrite, Outcome<J::Output>) {
+        self.run_decoded_with(current, backend_now, |value, record, now| {
+            Ok(Verbose {
+                value,
+                configuration: record.config.clone(),
+                state: record.state.clone(),
+                now_nanos: now,
+            })
+        })
+    }
+
+    /// [`run_decoded`](Self::run_decoded) with the output made by `out` from the value and
+    /// the record it left (borrowed), at the operation's instant.
+    fn run_decoded_with<T>(
+        &self,
+        current: Option<&mut format::Record>,
+        backend_now: Option<i64>,
+        out: impl FnOnce(J::Output, &format::Record, i64) -> Result<T, DistributedError>,
+    ) -> (DecodedWrite, Result<T, DistributedError>) {
         let now = match self.now(backend_now) {
             Ok(n) => n,
             Err(e) => return (DecodedWrite::Keep, Err(e)),
-        };
-        let verbose = |value, record: &format::Record| Verbose {
-            value,
-            configuration: record.config.clone(),
-            state: record.state.clone(),
-            now_nanos: now,
         };
         match current {
             Some(record) => match self.job.run(record, now, self.wall) {
                 Ok((value, true)) => {
                     let ttl = ttl_of(&record.config, &record.state, now, self.margin);
-                    (DecodedWrite::Updated { ttl }, Ok(verbose(value, record)))
+                    (DecodedWrite::Updated { ttl }, out(value, record, now))
                 }
-                Ok((value, false)) => (DecodedWrite::Keep, Ok(verbose(value, record))),
+                Ok((value, false)) => (DecodedWrite::Keep, out(value, record, now)),
                 Err(e) => (DecodedWrite::Keep, Err(e)),
             },
             None => {
@@ -1224,13 +1346,78 @@ impl<J: Job> OpTx<'_, J> {
                 match self.job.run(&mut record, now, self.wall) {
                     Ok((value, _)) => {
                         let ttl = ttl_of(&record.config, &record.state, now, self.margin);
-                        let out = verbose(value, &record);
-                        (DecodedWrite::Created { record, ttl }, Ok(out))
+                        let out = out(value, &record, now);
+                        (DecodedWrite::Created { record, ttl }, out)
                     }
                     Err(e) => (DecodedWrite::Keep, Err(e)),
                 }
             }
         }
+    }
+}
+
+/// An [`OpTx`] whose result goes to a callback with the record borrowed (no clone of the
+/// configuration and state): [`InProcessBucket::try_consume_and_return_remaining_with`].
+struct InspectTx<'a, J: Job, F, R> {
+    tx: OpTx<'a, J>,
+    f: F,
+    out: Option<Result<R, DistributedError>>,
+}
+
+impl<J, F, R> Transaction for InspectTx<'_, J, F, R>
+where
+    J: Job,
+    F: FnMut(VerboseRef<'_, J::Output>) -> R + Send,
+    R: Send,
+{
+    fn command(&self) -> Command {
+        self.tx.command()
+    }
+
+    fn needs_backend_clock(&self) -> bool {
+        self.tx.needs_backend_clock()
+    }
+
+    fn ttl_margin(&self) -> Duration {
+        self.tx.ttl_margin()
+    }
+
+    fn client_now(&self) -> Option<i64> {
+        self.tx.client_now()
+    }
+
+    fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write {
+        let (write, out) = self.tx.run_bytes(current, backend_now);
+        let f = &mut self.f;
+        self.out = Some(out.map(|v| {
+            f(VerboseRef {
+                value: v.value,
+                configuration: &v.configuration,
+                state: &v.state,
+                now_nanos: v.now_nanos,
+            })
+        }));
+        write
+    }
+
+    fn apply_decoded(
+        &mut self,
+        current: Option<&mut format::Record>,
+        backend_now: Option<i64>,
+    ) -> DecodedWrite {
+        let f = &mut self.f;
+        let (write, out) = self
+            .tx
+            .run_decoded_with(current, backend_now, |value, record, now| {
+                Ok(f(VerboseRef {
+                    value,
+                    configuration: &record.config,
+                    state: &record.state,
+                    now_nanos: now,
+                }))
+            });
+        self.out = Some(out);
+        write
     }
 }
 

@@ -43,7 +43,9 @@ fn sync_result<B: Backend>(op: RandomOp, b: &InProcessBucket<'_, B>) -> (String,
     }
     match op {
         RandomOp::TryConsume(n) => show(b.try_consume(n)),
-        RandomOp::Probe(n) => show(b.try_consume_and_return_remaining(n)),
+        // Both forms: the callback one lends what the other clones.
+        RandomOp::Probe(n) if n % 2 == 0 => show(b.try_consume_and_return_remaining(n)),
+        RandomOp::Probe(n) => show(b.try_consume_and_return_remaining_with(n, |v| v.to_verbose())),
         RandomOp::Estimate(n) => show(b.estimate_ability_to_consume(n)),
         RandomOp::AsMuch(None) => show(b.try_consume_as_much_as_possible()),
         RandomOp::AsMuch(Some(l)) => show(b.try_consume_as_much_as_possible_with_limit(l)),
