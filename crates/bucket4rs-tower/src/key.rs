@@ -192,7 +192,8 @@ impl KeyExtractor {
     /// ```
     pub fn extract<'a>(&self, req: &RequestInfo<'a>) -> Option<Cow<'a, str>> {
         let key: Cow<'a, str> = match &self.0 {
-            Kind::Header(h) => Cow::Borrowed(req.headers.get(h)?.to_str().ok()?.trim()),
+            // `to_str` admits visible ASCII, space and tab only, so `trim_ascii` is `trim`.
+            Kind::Header(h) => Cow::Borrowed(req.headers.get(h)?.to_str().ok()?.trim_ascii()),
             Kind::ClientIp => Cow::Owned(req.peer_addr()?.ip().to_string()),
             Kind::Fn(f) => Cow::Owned(f(req)?),
         };

@@ -605,16 +605,27 @@ fn verdict<ResBody: From<Bytes>>(
     cost: u64,
     remaining_header: bool,
 ) -> Verdict<ResBody> {
-    let probe = &v.value;
+    let ratelimit = headers::ratelimit_header(
+        effective.quotas(),
+        effective.singles(),
+        &v.state,
+        v.now_nanos,
+        cost,
+    );
+    verdict_of(effective, &v.value, ratelimit, cost, remaining_header)
+}
+
+/// [`verdict`] from the probe and the `RateLimit` value.
+fn verdict_of<ResBody: From<Bytes>>(
+    effective: &Plan,
+    probe: &ConsumptionProbe,
+    ratelimit: Option<HeaderValue>,
+    cost: u64,
+    remaining_header: bool,
+) -> Verdict<ResBody> {
     let headers = RateHeaders {
         policy: effective.policy_header().clone(),
-        ratelimit: headers::ratelimit_header(
-            effective.quotas(),
-            effective.singles(),
-            &v.state,
-            v.now_nanos,
-            cost,
-        ),
+        ratelimit,
         remaining: remaining_header.then(|| probe.remaining_tokens()),
     };
     if probe.is_consumed() {
@@ -636,6 +647,14 @@ fn verdict<ResBody: From<Bytes>>(
     );
     headers.apply(resp.headers_mut());
     Verdict::Answer(resp)
+}
+
+/// What an in-process bucket call gives the layer: under the current plan, just what the
+/// response needs (computed while the record is lent, so nothing is cloned); under another
+/// configuration, an owned snapshot for the rare path.
+enum InProcess {
+    Current(ConsumptionProbe, Option<HeaderValue>),
+    Stale(Verbose<ConsumptionProbe>),
 }
 
 /// The rare outcomes: the backend failed (the failure policy decides), or the key's bucket
@@ -792,13 +811,43 @@ where
             .in_process_bucket(key.as_bytes(), plan.configuration())
         {
             Ok(Some(bucket)) => {
-                let result = bucket.try_consume_and_return_remaining(cost);
-                // Only the rare paths need a `RemoteBucket` (the failure policy and the
-                // switch to the current plan run through it).
-                let remote = match &result {
-                    Ok(v) if same_config(&v.configuration, plan.configuration()) => None,
-                    _ => remote_bucket(shared, &key, &plan).ok(),
+                let result = bucket.try_consume_and_return_remaining_with(cost, |v| {
+                    if same_config(v.configuration, plan.configuration()) {
+                        let ratelimit = headers::ratelimit_header(
+                            plan.quotas(),
+                            plan.singles(),
+                            v.state,
+                            v.now_nanos,
+                            cost,
+                        );
+                        InProcess::Current(v.value, ratelimit)
+                    } else {
+                        InProcess::Stale(v.to_verbose())
+                    }
+                });
+                let result = match result {
+                    Ok(InProcess::Current(probe, ratelimit)) => {
+                        let state = match verdict_of(
+                            &plan,
+                            &probe,
+                            ratelimit,
+                            cost,
+                            shared.remaining_header,
+                        ) {
+                            Verdict::Allow(headers) => State::Calling {
+                                fut: self.inner.call(req),
+                                headers: Some(headers),
+                            },
+                            Verdict::Answer(resp) => State::Ready { resp: Some(resp) },
+                        };
+                        return ResponseFuture { state };
+                    }
+                    Ok(InProcess::Stale(v)) => Ok(v),
+                    Err(e) => Err(e),
                 };
+                // The rare paths (a changed plan, a failure) need a `RemoteBucket`: the
+                // failure policy and the switch to the current plan run through it.
+                let remote = remote_bucket(shared, &key, &plan).ok();
                 return ResponseFuture {
                     state: decided(shared, remote, plan, cost, result, &mut self.inner, req),
                 };
