@@ -802,10 +802,12 @@ where
         if cost > plan.min_capacity() {
             return ResponseFuture::ready(cost_exceeds_capacity(&plan, cost));
         }
-        // An in-process backend (the embedded default): the bucket is called synchronously,
-        // with the storage key encoded on the stack and the plan's configuration borrowed
-        // (cloned only when the key has no bucket yet), and the request decided here, so
-        // `self.inner` (the service that was polled ready) is called without a clone.
+        // A backend that runs transactions synchronously (the embedded default,
+        // `Backend::supports_transact_now`): the bucket is called here, with the storage key
+        // encoded on the stack and the plan's configuration borrowed (cloned only when the
+        // key has no bucket yet), the `RateLimit` value computed while the record is lent,
+        // and the request decided here, so `self.inner` (the service that was polled ready)
+        // is called without a clone.
         match shared
             .manager
             .in_process_bucket(key.as_bytes(), plan.configuration())
