@@ -65,6 +65,55 @@ fn every_trace_replays_through_redis_with_a_manual_client_clock() {
     assert!(stats.exact_path > 172, "{stats:?}");
 }
 
+/// A random configuration's bucket whose Redis record is a random valid state (reached through
+/// the core: a random start, then up to 3 random operations), on a manager whose manual client
+/// clock reads the last operation's time plus `later`.
+struct Seeded {
+    config: bucket4rs_core::BucketConfiguration,
+    state: BucketState,
+    clock: ManualClock,
+    bucket: bucket4rs_distributed::RemoteBucket<RedisBackend>,
+}
+
+async fn seeded(
+    rng: &mut impl Rng,
+    backend: &RedisBackend,
+    raw: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    case: u64,
+    later: i64,
+) -> Seeded {
+    let config = random_config(rng);
+    let t0: i64 = rng.random_range(-1_000_000_000_000..=2_000_000_000_000_000_000);
+    let mut state = BucketState::new(&config, t0);
+    let mut now = t0;
+    for _ in 0..rng.random_range(0..4) {
+        now += rng.random_range(-1_000..=5_000_000_000);
+        let _ = core_result(random_op(rng), &config, &mut state, now);
+    }
+    let clock = ManualClock::new(now + later);
+    let manager = ProxyManager::configure(backend.clone())
+        .key_prefix(prefix)
+        .time_source(TimeSource::client(clock.clone()))
+        .build()
+        .unwrap();
+    let c2 = config.clone();
+    let bucket = manager
+        .builder()
+        .build(format!("k{case}"), move || c2.clone())
+        .unwrap();
+    let _: () = raw
+        .set(bucket.key().as_str(), format::encode(&config, &state))
+        .await
+        .unwrap();
+    Seeded {
+        config,
+        state,
+        clock,
+        bucket,
+    }
+}
+
 #[test]
 fn lua_fast_path_is_byte_identical_to_the_core_on_random_states() {
     let rt = runtime();
@@ -75,30 +124,12 @@ fn lua_fast_path_is_byte_identical_to_the_core_on_random_states() {
         let mut rng = rand::rng();
         let cases = 1_500;
         for case in 0..cases {
-            let config = random_config(&mut rng);
-            // Reach a random valid state through the core itself.
-            let t0: i64 = rng.random_range(-1_000_000_000_000..=2_000_000_000_000_000_000);
-            let mut state = BucketState::new(&config, t0);
-            let mut now = t0;
-            for _ in 0..rng.random_range(0..4) {
-                now += rng.random_range(-1_000..=5_000_000_000);
-                let _ = core_result(random_op(&mut rng), &config, &mut state, now);
-            }
-            let clock = ManualClock::new(now);
-            let manager = ProxyManager::configure(backend.clone())
-                .key_prefix(prefix.as_str())
-                .time_source(TimeSource::client(clock.clone()))
-                .build()
-                .unwrap();
-            let c2 = config.clone();
-            let bucket = manager
-                .builder()
-                .build(format!("k{case}"), move || c2.clone())
-                .unwrap();
-            let _: () = raw
-                .set(bucket.key().as_str(), format::encode(&config, &state))
-                .await
-                .unwrap();
+            let Seeded {
+                config,
+                mut state,
+                clock,
+                bucket,
+            } = seeded(&mut rng, &backend, &mut raw, &prefix, case, 0).await;
             for _ in 0..3 {
                 let step = if rng.random_bool(0.5) {
                     rng.random_range(0..=2_000_000_000)
@@ -142,30 +173,14 @@ fn lua_batches_are_byte_identical_to_the_core_applied_in_order() {
         let mut ops_sent = 0u64;
         let before = backend.stats();
         for case in 0..cases {
-            let config = random_config(&mut rng);
-            let t0: i64 = rng.random_range(-1_000_000_000_000..=2_000_000_000_000_000_000);
-            let mut state = BucketState::new(&config, t0);
-            let mut now = t0;
-            for _ in 0..rng.random_range(0..4) {
-                now += rng.random_range(-1_000..=5_000_000_000);
-                let _ = core_result(random_op(&mut rng), &config, &mut state, now);
-            }
-            now += rng.random_range(0..=2_000_000_000);
-            let clock = ManualClock::new(now);
-            let manager = ProxyManager::configure(backend.clone())
-                .key_prefix(prefix.as_str())
-                .time_source(TimeSource::client(clock.clone()))
-                .build()
-                .unwrap();
-            let c2 = config.clone();
-            let bucket = manager
-                .builder()
-                .build(format!("k{case}"), move || c2.clone())
-                .unwrap();
-            let _: () = raw
-                .set(bucket.key().as_str(), format::encode(&config, &state))
-                .await
-                .unwrap();
+            let later = rng.random_range(0..=2_000_000_000);
+            let Seeded {
+                config,
+                mut state,
+                clock,
+                bucket,
+            } = seeded(&mut rng, &backend, &mut raw, &prefix, case, later).await;
+            let now = clock.now_nanos();
             // The first goes alone; the others queue behind it and go as one batch.
             let ops: Vec<RandomOp> = (0..rng.random_range(2..=9))
                 .map(|_| random_op(&mut rng))
