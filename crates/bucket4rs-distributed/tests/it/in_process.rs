@@ -137,8 +137,12 @@ fn the_sync_path_gives_the_async_path_and_the_core_results() {
 /// bucket; a too-long key is refused as by `RemoteBucketBuilder::build`.
 #[test]
 fn default_transact_now_other_backends_and_long_keys() {
+    /// An in-process wrapper of the test map, with `transact_now` (`sync`) or without it.
     #[derive(Debug, Default)]
-    struct InProcessMap(MapBackend);
+    struct InProcessMap {
+        map: MapBackend,
+        sync: bool,
+    }
     #[async_trait]
     impl Backend for InProcessMap {
         async fn transact(
@@ -146,28 +150,31 @@ fn default_transact_now_other_backends_and_long_keys() {
             key: &StorageKey,
             tx: &mut dyn Transaction,
         ) -> Result<(), BackendError> {
-            self.0.transact(key, tx).await
+            self.map.transact(key, tx).await
         }
         async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
-            self.0.read(key).await
+            self.map.read(key).await
         }
         async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
-            self.0.remove(key).await
+            self.map.remove(key).await
         }
         fn is_in_process(&self) -> bool {
             true
         }
         fn supports_transact_now(&self) -> bool {
-            true
+            self.sync
         }
         fn transact_now(
             &self,
             key: StorageKeyRef<'_>,
             tx: &mut dyn Transaction,
         ) -> Option<Result<(), BackendError>> {
+            if !self.sync {
+                return None;
+            }
             // `MapBackend::transact` never waits: one poll completes it.
             let key = key.to_owned();
-            let mut fut = self.0.transact(&key, tx);
+            let mut fut = self.map.transact(&key, tx);
             match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
                 Poll::Ready(r) => Some(r),
                 Poll::Pending => None,
@@ -178,7 +185,11 @@ fn default_transact_now_other_backends_and_long_keys() {
     let rt = runtime();
     let mut rng = rand::rng();
     let clock = ManualClock::new(1_000);
-    let m = manager(Arc::new(InProcessMap::default()), &clock, Duration::ZERO);
+    let sync = InProcessMap {
+        sync: true,
+        ..InProcessMap::default()
+    };
+    let m = manager(Arc::new(sync), &clock, Duration::ZERO);
     let r = manager(MapBackend::default(), &clock, Duration::ZERO);
     for case in 0..100 {
         let config = random_config(&mut rng);
@@ -201,29 +212,8 @@ fn default_transact_now_other_backends_and_long_keys() {
 
     let config = random_config(&mut rng);
     assert!(r.in_process_bucket("k", &config).unwrap().is_none());
-    /// In-process, but without `transact_now`.
-    #[derive(Debug, Default)]
-    struct NoSync(MapBackend);
-    #[async_trait]
-    impl Backend for NoSync {
-        async fn transact(
-            &self,
-            key: &StorageKey,
-            tx: &mut dyn Transaction,
-        ) -> Result<(), BackendError> {
-            self.0.transact(key, tx).await
-        }
-        async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
-            self.0.read(key).await
-        }
-        async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
-            self.0.remove(key).await
-        }
-        fn is_in_process(&self) -> bool {
-            true
-        }
-    }
-    let n = manager(NoSync::default(), &clock, Duration::ZERO);
+    // In-process, but without `transact_now`.
+    let n = manager(InProcessMap::default(), &clock, Duration::ZERO);
     assert!(n.in_process_bucket("k", &config).unwrap().is_none());
     let e = manager(
         EmbeddedBackend::with_clock(clock.clone()),
