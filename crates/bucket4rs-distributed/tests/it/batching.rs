@@ -15,7 +15,8 @@ use bucket4rs_distributed::{
 use rand::Rng;
 
 use crate::common::{
-    RandomOp, core_result, join_in_order, random_config, random_op, remote_result, runtime, simple,
+    RandomOp, concurrent_and_core, core_result, join_in_order, random_config, random_op, runtime,
+    simple,
 };
 use crate::custom_backend::MapBackend;
 
@@ -127,16 +128,8 @@ fn every_caller_of_a_batch_gets_the_core_result_of_sequential_application() {
                 .map(|_| random_op(&mut rng))
                 .collect();
             ops_sent += ops.len() as u64;
-            let expected: Vec<String> = ops
-                .iter()
-                .map(|op| core_result(*op, &config, &mut state, now))
-                .collect();
-            let got = join_in_order(
-                ops.iter()
-                    .map(|op| Box::pin(remote_result(*op, &bucket)) as Boxed<'_, String>)
-                    .collect(),
-            )
-            .await;
+            let (got, expected) =
+                concurrent_and_core(&ops, &bucket, &config, &mut state, now).await;
             assert_eq!(got, expected, "case {case}: {ops:?} on {config:?}");
             assert_eq!(
                 backend.inner.read(bucket.key()).await.unwrap(),

@@ -360,6 +360,32 @@ pub(crate) async fn remote_result<B: bucket4rs_distributed::Backend>(
     }
 }
 
+/// Sends `ops` on `bucket` at once, in order (the first goes alone, the others queue behind it
+/// and go as batches), and returns what each caller got, together with what the core gives
+/// applying them one by one to `state` (which it advances) at `now`.
+pub(crate) async fn concurrent_and_core<B: Backend>(
+    ops: &[RandomOp],
+    bucket: &RemoteBucket<B>,
+    config: &BucketConfiguration,
+    state: &mut BucketState,
+    now: i64,
+) -> (Vec<String>, Vec<String>) {
+    let expected = ops
+        .iter()
+        .map(|op| core_result(*op, config, state, now))
+        .collect();
+    let got = join_in_order(
+        ops.iter()
+            .map(|op| {
+                Box::pin(remote_result(*op, bucket))
+                    as std::pin::Pin<Box<dyn std::future::Future<Output = String>>>
+            })
+            .collect(),
+    )
+    .await;
+    (got, expected)
+}
+
 /// Polls `futures` to completion, each first poll in order: the first one starts (and, on a
 /// remote backend, goes in flight) before the second is polled, and so on. Their outputs, in
 /// order.

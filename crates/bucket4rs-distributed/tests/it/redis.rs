@@ -13,7 +13,7 @@ use rand::Rng;
 use redis::AsyncCommands;
 
 use crate::common::{
-    RandomOp, build, core_result, epoch_ms, hammer_hot_key, join_in_order, random_config,
+    RandomOp, build, concurrent_and_core, core_result, epoch_ms, hammer_hot_key, random_config,
     random_op, remote_result, reported, run_children, runtime, simple, unique_prefix,
 };
 
@@ -186,19 +186,8 @@ fn lua_batches_are_byte_identical_to_the_core_applied_in_order() {
                 .map(|_| random_op(&mut rng))
                 .collect();
             ops_sent += ops.len() as u64;
-            let expected: Vec<String> = ops
-                .iter()
-                .map(|op| core_result(*op, &config, &mut state, now))
-                .collect();
-            let got = join_in_order(
-                ops.iter()
-                    .map(|op| {
-                        Box::pin(remote_result(*op, &bucket))
-                            as std::pin::Pin<Box<dyn std::future::Future<Output = String>>>
-                    })
-                    .collect(),
-            )
-            .await;
+            let (got, expected) =
+                concurrent_and_core(&ops, &bucket, &config, &mut state, now).await;
             assert_eq!(got, expected, "case {case}: {ops:?} on {config:?}");
             let stored: Vec<u8> = raw.get(bucket.key().as_str()).await.unwrap();
             assert_eq!(
