@@ -571,9 +571,10 @@ impl LockFree {
             };
             let state = packed::decode(b, w);
             let mut spare = None;
-            if let (Some((i, target)), Some(old)) =
-                (self.ensure_spare(&mut spare, 0, 3), self.slot(0))
-            {
+            if let (Some((i, target)), Some(old)) = (
+                self.ensure_spare(&mut spare, 0, stride(&self.first_config)),
+                self.slot(0),
+            ) {
                 target.set_config_index(0);
                 target.write(0, state);
                 if self.publish(0, old, i) {
