@@ -25,6 +25,24 @@ pub trait Clock {
     fn is_wall_clock_based(&self) -> bool {
         false
     }
+
+    /// Whether readings never go back, on any thread: a reading taken after another (in
+    /// happens-before order) is never smaller.
+    ///
+    /// A monotonic clock lets a one-bandwidth greedy lock-free bucket keep its whole state in
+    /// one 64-bit word: with readings that never go back, the last refill time is implied by
+    /// the balance and need not be stored (see `bucket4rs-local`). A clock that says so but
+    /// does go back does not corrupt a bucket; it makes it conservative — a reading older than
+    /// the last change sees the refill only up to that reading. `false` by default.
+    ///
+    /// ```
+    /// use bucket4rs_core::{Clock, ManualClock};
+    /// assert!(!ManualClock::new(0).is_monotonic());
+    /// assert!(ManualClock::monotonic(0).is_monotonic());
+    /// ```
+    fn is_monotonic(&self) -> bool {
+        false
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for &C {
@@ -35,6 +53,9 @@ impl<C: Clock + ?Sized> Clock for &C {
     fn is_wall_clock_based(&self) -> bool {
         (**self).is_wall_clock_based()
     }
+    fn is_monotonic(&self) -> bool {
+        (**self).is_monotonic()
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for Arc<C> {
@@ -44,6 +65,9 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
     }
     fn is_wall_clock_based(&self) -> bool {
         (**self).is_wall_clock_based()
+    }
+    fn is_monotonic(&self) -> bool {
+        (**self).is_monotonic()
     }
 }
 
@@ -64,10 +88,12 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 pub struct ManualClock {
     nanos: Arc<AtomicI64>,
     wall_clock_based: bool,
+    monotonic: bool,
 }
 
 impl ManualClock {
-    /// A monotonic-style manual clock starting at `start_nanos`.
+    /// A manual clock starting at `start_nanos`. It does not declare itself
+    /// [monotonic](Clock::is_monotonic): tests move it back as well as forward.
     ///
     /// ```
     /// # use bucket4rs_core::{Clock, ManualClock};
@@ -77,6 +103,25 @@ impl ManualClock {
         Self {
             nanos: Arc::new(AtomicI64::new(start_nanos)),
             wall_clock_based: false,
+            monotonic: false,
+        }
+    }
+
+    /// A manual clock that declares itself [monotonic](Clock::is_monotonic), as real clocks
+    /// do: one-bandwidth lock-free buckets then use their 64-bit word. The test that holds it
+    /// promises to only move it forward (moving it back is allowed, to test what a bucket
+    /// does when a clock breaks that promise).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Clock, ManualClock};
+    /// let c = ManualClock::monotonic(5);
+    /// assert!(c.is_monotonic());
+    /// assert_eq!(c.now_nanos(), 5);
+    /// ```
+    pub fn monotonic(start_nanos: i64) -> Self {
+        Self {
+            monotonic: true,
+            ..Self::new(start_nanos)
         }
     }
 
@@ -90,6 +135,7 @@ impl ManualClock {
         Self {
             nanos: Arc::new(AtomicI64::new(start_epoch_nanos)),
             wall_clock_based: true,
+            monotonic: false,
         }
     }
 
@@ -142,6 +188,9 @@ impl Clock for ManualClock {
     }
     fn is_wall_clock_based(&self) -> bool {
         self.wall_clock_based
+    }
+    fn is_monotonic(&self) -> bool {
+        self.monotonic
     }
 }
 
@@ -197,6 +246,9 @@ mod std_clocks {
         #[inline]
         fn now_nanos(&self) -> i64 {
             i64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(i64::MAX)
+        }
+        fn is_monotonic(&self) -> bool {
+            true
         }
     }
 

@@ -231,6 +231,74 @@ impl ScaledState {
     pub const fn balance(self) -> i64 {
         self.balance
     }
+
+    /// This state of the greedy bandwidth `b` as one integer, its *compact* value
+    /// `(last_refill − base) × rate − balance`, where `rate` is the refill in scaled units per
+    /// nanosecond and `base` any fixed reading (a bucket's creation time, say).
+    ///
+    /// The balance at any later reading `t` is then `min(capacity, (t − base) × rate − v)`
+    /// ([`from_compact`](Self::from_compact)): a greedy refill adds `rate` units per
+    /// nanosecond up to the capacity, so the last refill time need not be stored — the GCRA's
+    /// "theoretical arrival time", kept exact in the scaled units. The form holds only states at
+    /// or below capacity; `None` for those above it, for interval refills, for a capacity whose
+    /// scaled form does not fit `i64`, and when `v` does not fit `i64`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, ScaledState};
+    /// # use core::time::Duration;
+    /// // 10 tokens per second: a token is 10^8 units, and the rate 1 unit per nanosecond.
+    /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
+    /// let s = ScaledState::new(1_000, 4 * 100_000_000);
+    /// let v = s.to_compact(&b, 0).expect("fits");
+    /// assert_eq!(v, 1_000 - 400_000_000);
+    /// // 0.3 s later, 3 tokens more.
+    /// let later = ScaledState::from_compact(&b, 0, v, 300_001_000);
+    /// assert_eq!(later, Some(ScaledState::new(300_001_000, 7 * 100_000_000)));
+    /// // Above capacity: no compact form.
+    /// assert_eq!(ScaledState::new(0, 11 * 100_000_000).to_compact(&b, 0), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn to_compact(self, b: &Bandwidth, base: i64) -> Option<i64> {
+        if b.kind.is_interval() || self.balance > b.scaled_capacity? {
+            return None;
+        }
+        // |elapsed| < 2^64 and rate < 2^63: the product and the difference fit i128.
+        let elapsed = self.last_refill as i128 - base as i128;
+        i64::try_from(elapsed * b.scaled_rate as i128 - self.balance as i128).ok()
+    }
+
+    /// The state with compact value `v` ([`to_compact`](Self::to_compact)) refilled to the
+    /// reading `at`: last refill `at`, balance `min(capacity, (at − base) × rate − v)`.
+    ///
+    /// Exact for any `at` not before the last refill of the state `v` encodes. An earlier `at`
+    /// gives a smaller balance (the refill "taken back" down to `at`), never a larger one; a
+    /// balance below `i64::MIN` (a reading absurdly far back) saturates there. `None` for the
+    /// bandwidths `to_compact` refuses (interval refill, a scaled capacity beyond `i64`).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, ScaledState};
+    /// # use core::time::Duration;
+    /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
+    /// let v = ScaledState::new(0, 0).to_compact(&b, 0).expect("fits");
+    /// // Empty at 0; full (10 × 10^8 units) from 1 s on, and never above.
+    /// let full = ScaledState::from_compact(&b, 0, v, 5_000_000_000).expect("greedy");
+    /// assert_eq!(full.balance(), 1_000_000_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn from_compact(b: &Bandwidth, base: i64, v: i64, at: i64) -> Option<Self> {
+        if b.kind.is_interval() {
+            return None;
+        }
+        let cap = b.scaled_capacity?;
+        let x = (at as i128 - base as i128) * b.scaled_rate as i128 - v as i128;
+        // x.min(cap) <= cap fits i64 from above; saturate a (far-back) debt below.
+        Some(Self::new(
+            at,
+            x.min(cap as i128).max(i64::MIN as i128) as i64,
+        ))
+    }
 }
 
 /// Why a stored state does not fit a configuration.

@@ -217,3 +217,111 @@ fn the_shortcut_is_taken_only_for_one_bandwidth() {
     let read = || -> BandwidthState { panic!("must not be read") };
     assert!(bucket4rs_core::ops::plan_one(&bucket4rs_core::ops::Reset, &single, 0, read).is_none());
 }
+
+/// A balance of `b` in scaled units: anything, or near 0, or near the capacity.
+fn compact_case() -> impl Strategy<Value = (i64, i64, i64, u64)> {
+    (
+        prop_oneof![any::<i64>(), -1_000_000_000i64..1_000_000_000, Just(0)],
+        prop_oneof![any::<i64>(), -1_000_000_000i64..1_000_000_000],
+        prop_oneof![any::<i64>(), -1_000_000i64..1_000_000, -3i64..=3],
+        prop_oneof![
+            Just(0u64),
+            0u64..1_000_000,
+            0u64..10_000_000_000,
+            any::<u64>()
+        ],
+    )
+}
+
+proptest! {
+    #![proptest_config(config_3000())]
+
+    /// The compact path (`ops::plan_compact`, what one-bandwidth lock-free buckets on a
+    /// monotonic clock run) decides exactly as the decoded shortcut does for every reading not
+    /// before the last refill, and decodes to exactly the refilled state; it declines only for
+    /// bandwidths without a compact form or values beyond `i64`.
+    #[test]
+    fn the_compact_path_equals_the_shortcut(
+        c in prop_oneof![config(), small_greedy()],
+        (base, last, offset, elapsed) in compact_case(),
+        n in prop_oneof![tokens(), 1u64..=3],
+        near_capacity in any::<bool>(),
+    ) {
+        let b = &c.bandwidths()[0];
+        let cap = b.capacity() as i128 * b.refill_period().as_nanos() as i128
+            / gcd(b.refill_tokens() as i64, b.refill_period().as_nanos() as i64) as i128;
+        // A balance at or below capacity: `offset` units below it, or `offset` units itself.
+        let balance = if near_capacity { cap - offset.unsigned_abs() as i128 } else { offset as i128 };
+        let (Ok(balance), Ok(cap64)) = (i64::try_from(balance), i64::try_from(cap)) else {
+            return Ok(());
+        };
+        prop_assume!(balance <= cap64);
+        let greedy = b.refill_kind() == RefillKind::Greedy;
+        let scaled = ScaledState::new(last, balance);
+        let rate = b.refill_tokens() as i128
+            / gcd(b.refill_tokens() as i64, b.refill_period().as_nanos() as i64) as i128;
+        let exact_v = (last as i128 - base as i128) * rate - balance as i128;
+        let Some(v) = scaled.to_compact(b, base) else {
+            prop_assert!(!greedy || i64::try_from(exact_v).is_err(), "refused {:?} for {:?}", scaled, b);
+            return Ok(());
+        };
+        prop_assert!(greedy);
+        prop_assert_eq!(v as i128, exact_v);
+        let Some(now) = last.checked_add_unsigned(elapsed) else { return Ok(()); };
+        let s = scaled.to_state(b);
+        // Decoding at `now` is the refilled state.
+        let decoded = ScaledState::from_compact(b, base, v, now).expect("greedy");
+        prop_assert_eq!(decoded.to_state(b), Refilled::new(&c, now, |_| s).get(0));
+        let op = TryConsume(n);
+        match bucket4rs_core::ops::plan_compact(&op, b, base, v, now) {
+            Some(fast) => {
+                let fast = fast.map(|(out, new)| {
+                    let new = new.map(|nv| {
+                        ScaledState::from_compact(b, base, nv, now).expect("greedy").to_state(b)
+                    });
+                    (out, new)
+                });
+                prop_assert_eq!(fast, shortcut(&op, &c, s, now));
+            }
+            None => {
+                // Only when a value leaves i64: (now − base) × rate, or the new compact value.
+                let p = (now as i128 - base as i128) * rate;
+                let need = n as i128 * b.refill_period().as_nanos() as i128
+                    / gcd(b.refill_tokens() as i64, b.refill_period().as_nanos() as i64) as i128;
+                let new_v = p - ((p - v as i128).min(cap) - need);
+                prop_assert!(
+                    i64::try_from(now as i128 - base as i128).is_err()
+                        || i64::try_from(p).is_err()
+                        || i64::try_from(new_v).is_err(),
+                    "the compact path must be taken for {:?} at {}", scaled, now
+                );
+            }
+        }
+    }
+
+    /// A reading before the last refill (a clock that broke its monotonic promise, or a thread
+    /// that read the clock just before another one's change) is conservative: never more tokens
+    /// than the exact state has, never a success the exact state would refuse.
+    #[test]
+    fn a_reading_back_in_time_is_never_generous(
+        c in small_greedy(),
+        (base, last, offset, back) in compact_case(),
+        n in 1u64..=3,
+    ) {
+        let b = &c.bandwidths()[0];
+        let unit = b.refill_period().as_nanos() as i64
+            / gcd(b.refill_tokens() as i64, b.refill_period().as_nanos() as i64);
+        // small_greedy: capacity × unit fits; a balance from a small debt up to the capacity.
+        let cap = b.capacity() as i64 * unit;
+        let balance = if offset >= 0 { offset % (cap + 1) } else { offset };
+        let scaled = ScaledState::new(last, balance);
+        let Some(v) = scaled.to_compact(b, base) else { return Ok(()); };
+        let Some(now) = last.checked_sub_unsigned(back) else { return Ok(()); };
+        let exact = scaled.to_state(b);
+        let decoded = ScaledState::from_compact(b, base, v, now).expect("greedy");
+        prop_assert!(decoded.balance() <= scaled.balance());
+        if let Some(Ok((true, _))) = bucket4rs_core::ops::plan_compact(&TryConsume(n), b, base, v, now) {
+            prop_assert!(matches!(shortcut(&TryConsume(n), &c, exact, now), Ok((true, _))));
+        }
+    }
+}
