@@ -44,6 +44,9 @@ impl Clock for QuantaClock {
         let raw = self.0.raw();
         i64::try_from(self.0.delta_as_nanos(0, raw)).unwrap_or(i64::MAX)
     }
+    fn is_monotonic(&self) -> bool {
+        true
+    }
 }
 
 /// A bucket builder whose single limit never runs dry during a benchmark.

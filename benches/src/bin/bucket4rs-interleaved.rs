@@ -16,8 +16,8 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Instant;
 
-use bucket4rs_benches::{never_dry, slow};
-use bucket4rs_local::BucketBuilder;
+use bucket4rs_benches::{QuantaClock, never_dry, slow};
+use bucket4rs_local::{BucketBuilder, Clock as _, FastClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 /// Operations per burst: long enough to dwarf the timer, short enough to fit a time slice.
@@ -99,6 +99,23 @@ fn main() {
     let (lf, sy, un) = (slow(), slow(), slow());
     let gov = RateLimiter::direct(Quota::per_hour(NonZeroU32::MIN));
     compare("rejection path", [lf, sy, un], gov, rounds, &only);
+
+    // The clock reads under both: on one thread the read is most of either limiter's cost.
+    let (fast, quanta, gov) = (
+        FastClock,
+        QuantaClock::new(),
+        governor::clock::QuantaClock::default(),
+    );
+    let origin = governor::clock::Clock::now(&gov);
+    let mut cases = [
+        case("clock/fast", || fast.now_nanos() > 0),
+        case("clock/quanta", || quanta.now_nanos() > 0),
+        case("clock/governor", || {
+            governor::clock::Clock::now(&gov) >= origin
+        }),
+    ];
+    measure(&mut cases, rounds, &only);
+    report("clock read", &mut cases, "clock/governor");
 }
 
 /// Builds the three strategies from `builders`, and measures them with `gov` side by side.

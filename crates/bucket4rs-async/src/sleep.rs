@@ -126,6 +126,10 @@ mod tokio_impl {
         fn now_nanos(&self) -> i64 {
             i64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(i64::MAX)
         }
+        /// Tokio's clock never goes back, paused or not (a paused clock only advances).
+        fn is_monotonic(&self) -> bool {
+            true
+        }
     }
 }
 

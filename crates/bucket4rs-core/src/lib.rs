@@ -60,7 +60,7 @@ pub use error::{ConfigError, OperationError};
 pub use listener::{BucketListener, NoopListener};
 pub use ops::{ConsumptionProbe, EstimationProbe};
 pub use replace::TokensInheritanceStrategy;
-pub use state::{BandwidthState, BucketState, ScaledState, StateError};
+pub use state::{BandwidthState, BucketState, CompactForm, CompactStop, ScaledState, StateError};
 
 /// The largest value of every wait and balance: `i64::MAX`. A wait of `MAX_NANOS` means the
 /// request can never be served (it exceeds a capacity) or would take longer than ~292 years.

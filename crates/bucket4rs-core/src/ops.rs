@@ -312,6 +312,22 @@ pub trait Operation {
         None
     }
 
+    /// For an operation that takes a fixed number of tokens when the bucket has them and
+    /// nothing otherwise (`try_consume`): that number and its output either way. A compact
+    /// one-bandwidth bucket ([`CompactForm`](crate::CompactForm)) runs such an operation as the GCRA's step, with
+    /// the fewest operations between the clock reading and the compare-and-swap. `None` (the
+    /// default): not such an operation. It must agree with [`plan`](Operation::plan).
+    ///
+    /// ```
+    /// # use bucket4rs_core::ops::{Operation, TryConsume};
+    /// let take = TryConsume(3).take().expect("try_consume takes");
+    /// assert_eq!((take.tokens, take.taken, take.refused), (Ok(3), true, false));
+    /// ```
+    #[inline]
+    fn take(&self) -> Option<Take<Self::Output>> {
+        None
+    }
+
     /// Whether [`plan_scaled`](Operation::plan_scaled) is implemented (a compile-time switch).
     const HAS_SCALED: bool = false;
 
@@ -330,9 +346,6 @@ pub type Single<T> = Result<(T, Option<BandwidthState>), OperationError>;
 
 /// The result of [`Operation::plan_scaled`]: the output and the new scaled state, if it changed.
 pub type Scaled<T> = Result<(T, Option<ScaledState>), OperationError>;
-
-/// The result of [`plan_compact`]: the output and the new compact value, if it changed.
-pub type Compact<T> = Result<(T, Option<i64>), OperationError>;
 
 /// An operation's decision, made on a refilled view and not yet written anywhere.
 ///
@@ -529,57 +542,20 @@ where
     op.plan_scaled(b, math::refill_scaled(b, s, now)?)
 }
 
-/// The operation on a one-bandwidth bucket whose greedy bandwidth `b` is held as a compact
-/// value `v` (see [`ScaledState::to_compact`]), at reading `now`: the balance is
-/// `min(capacity, (now − base) × rate − v)`, one multiplication, and the decision is
-/// [`Operation::plan_scaled`]'s. Returns the output and the new compact value if the state
-/// changed.
-///
-/// Exact — the same decision and state as [`plan_one`] on the state `v` encodes — whenever
-/// `now` is not before that state's last refill, which is how a bucket on a
-/// [monotonic](crate::Clock::is_monotonic) clock reads it. `None` when the operation has no
-/// scaled shortcut, `b` has no compact form, or a value does not fit `i64`: decode with
-/// [`ScaledState::from_compact`] and use [`plan_one`] then.
+/// What [`Operation::take`] describes: a fixed take and the output either way.
 ///
 /// ```
-/// # use bucket4rs_core::{Bandwidth, ScaledState, ops};
-/// # use core::time::Duration;
-/// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
-/// // Full at reading 0 (base 0): v = 0 × rate − 10 tokens.
-/// let v = ScaledState::new(0, 1_000_000_000).to_compact(&b, 0).expect("fits");
-/// let (taken, new) = ops::plan_compact(&ops::TryConsume(3), &b, 0, v, 0).expect("shortcut")?;
-/// assert!(taken);
-/// let left = ScaledState::from_compact(&b, 0, new.expect("changed"), 0).expect("greedy");
-/// assert_eq!(left.balance(), 700_000_000);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # use bucket4rs_core::{OperationError, ops::{Operation, TryConsume}};
+/// assert_eq!(TryConsume(0).take().map(|t| t.tokens), Some(Err(OperationError::ZeroTokens)));
 /// ```
-#[inline]
-pub fn plan_compact<O>(
-    op: &O,
-    b: &Bandwidth,
-    base: i64,
-    v: i64,
-    now: i64,
-) -> Option<Compact<O::Output>>
-where
-    O: Operation + ?Sized,
-{
-    if !O::HAS_SCALED || b.kind.is_interval() {
-        return None;
-    }
-    let cap = b.scaled_capacity?;
-    // The rate is at most the refill tokens, so it fits i64.
-    let p = now.checked_sub(base)?.checked_mul(b.scaled_rate as i64)?;
-    let s = ScaledState::new(now, p.checked_sub(v)?.min(cap));
-    Some(match op.plan_scaled(b, s)? {
-        Ok((out, None)) => Ok((out, None)),
-        // Still refilled at `now` and at most the capacity: re-encoded from the same product.
-        Ok((out, Some(n))) if n.last_refill_nanos() == now && n.balance() <= cap => {
-            Ok((out, Some(p.checked_sub(n.balance())?)))
-        }
-        Ok(_) => return None,
-        Err(e) => Err(e),
-    })
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Take<T> {
+    /// The tokens taken, or why the request is invalid.
+    pub tokens: Result<u64, OperationError>,
+    /// The output when they were taken.
+    pub taken: T,
+    /// The output when they were not.
+    pub refused: T,
 }
 
 /// Runs `op` on the state read through `read` at clock reading `now`; when the state changes,
@@ -670,6 +646,14 @@ impl Operation for TryConsume {
             }
         }))
     }
+    #[inline]
+    fn take(&self) -> Option<Take<bool>> {
+        Some(Take {
+            tokens: check_tokens(self.0),
+            taken: true,
+            refused: false,
+        })
+    }
     const HAS_SCALED: bool = true;
     #[inline]
     fn plan_scaled(&self, b: &Bandwidth, s: ScaledState) -> Option<Scaled<bool>> {
@@ -682,14 +666,14 @@ impl Operation for TryConsume {
         let need = i64::try_from(n)
             .ok()
             .and_then(|n| n.checked_mul(b.balance_unit.get() as i64));
-        Some(Ok(match need {
+        match need {
             // balance >= need >= 0: no overflow.
-            Some(need) if s.balance() >= need => (
-                true,
-                Some(ScaledState::new(s.last_refill_nanos(), s.balance() - need)),
-            ),
-            _ => (false, None),
-        }))
+            Some(need) if s.balance() >= need => {
+                let left = ScaledState::new(s.last_refill_nanos(), s.balance() - need);
+                Some(Ok((true, Some(left))))
+            }
+            _ => Some(Ok((false, None))),
+        }
     }
 }
 

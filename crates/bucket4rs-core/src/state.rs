@@ -231,75 +231,218 @@ impl ScaledState {
     pub const fn balance(self) -> i64 {
         self.balance
     }
+}
 
-    /// This state of the greedy bandwidth `b` as one integer, its *compact* value
-    /// `(last_refill − base) × rate − balance`, where `rate` is the refill in scaled units per
-    /// nanosecond and `base` any fixed reading (a bucket's creation time, say).
-    ///
-    /// The balance at any later reading `t` is then `min(capacity, (t − base) × rate − v)`
-    /// ([`from_compact`](Self::from_compact)): a greedy refill adds `rate` units per
-    /// nanosecond up to the capacity, so the last refill time need not be stored — the GCRA's
-    /// "theoretical arrival time", kept exact in the scaled units. The form holds only states at
-    /// or below capacity; `None` for those above it, for interval refills, for a capacity whose
-    /// scaled form does not fit `i64`, and when `v` does not fit `i64`.
+/// The compact form of one greedy bandwidth's state: a single integer `u`, the reading (in
+/// scaled units, `rate` per nanosecond, counted from `base`) at which the bucket is full again
+/// — the GCRA's "theoretical arrival time", kept exact in the scaled units of
+/// [`ScaledState`].
+///
+/// With `p = (t − base) × rate`, the balance at reading `t` is `capacity − max(0, u − p)`: a
+/// greedy refill adds `rate` units per nanosecond up to the capacity, so the last refill time
+/// need not be stored — provided readings never go back, which is why one-bandwidth lock-free
+/// buckets keep this form (in one 64-bit word) only on a
+/// [monotonic](crate::Clock::is_monotonic) clock. Everything is precomputed from the
+/// bandwidth, so [`plan`](Self::plan) reads no configuration.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, CompactForm, ScaledState};
+/// # use core::time::Duration;
+/// // 10 tokens per second: a token is 10^8 units, and the rate 1 unit per nanosecond.
+/// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
+/// let form = CompactForm::new(&b, 0).expect("greedy");
+/// let u = form.encode(ScaledState::new(1_000, 4 * 100_000_000)).expect("fits");
+/// // 6 tokens short: full 0.6 s after the last refill.
+/// assert_eq!(u, 1_000 + 600_000_000);
+/// // 0.3 s later, 3 tokens more.
+/// assert_eq!(form.decode(u, 300_001_000), ScaledState::new(300_001_000, 7 * 100_000_000));
+/// // Above capacity: no compact value.
+/// assert_eq!(form.encode(ScaledState::new(0, 11 * 100_000_000)), None);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CompactForm {
+    base: i64,
+    rate: i64,
+    capacity: i64,
+    unit: i64,
+    /// `base == 0 && rate == 1`: readings are used as they are.
+    direct: bool,
+}
+
+impl CompactForm {
+    /// The compact form of greedy bandwidth `b` with values counted from reading `base`;
+    /// `None` for interval refills and for a capacity whose scaled form does not fit `i64`.
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth, ScaledState};
+    /// # use bucket4rs_core::{Bandwidth, CompactForm};
     /// # use core::time::Duration;
-    /// // 10 tokens per second: a token is 10^8 units, and the rate 1 unit per nanosecond.
-    /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
-    /// let s = ScaledState::new(1_000, 4 * 100_000_000);
-    /// let v = s.to_compact(&b, 0).expect("fits");
-    /// assert_eq!(v, 1_000 - 400_000_000);
-    /// // 0.3 s later, 3 tokens more.
-    /// let later = ScaledState::from_compact(&b, 0, v, 300_001_000);
-    /// assert_eq!(later, Some(ScaledState::new(300_001_000, 7 * 100_000_000)));
-    /// // Above capacity: no compact form.
-    /// assert_eq!(ScaledState::new(0, 11 * 100_000_000).to_compact(&b, 0), None);
+    /// let interval = Bandwidth::builder().capacity(5).refill_intervally(5, Duration::from_secs(1)).build()?;
+    /// assert_eq!(CompactForm::new(&interval, 0), None);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[inline]
-    pub fn to_compact(self, b: &Bandwidth, base: i64) -> Option<i64> {
-        if b.kind.is_interval() || self.balance > b.scaled_capacity? {
-            return None;
-        }
-        // |elapsed| < 2^64 and rate < 2^63: the product and the difference fit i128.
-        let elapsed = self.last_refill as i128 - base as i128;
-        i64::try_from(elapsed * b.scaled_rate as i128 - self.balance as i128).ok()
-    }
-
-    /// The state with compact value `v` ([`to_compact`](Self::to_compact)) refilled to the
-    /// reading `at`: last refill `at`, balance `min(capacity, (at − base) × rate − v)`.
-    ///
-    /// Exact for any `at` not before the last refill of the state `v` encodes. An earlier `at`
-    /// gives a smaller balance (the refill "taken back" down to `at`), never a larger one; a
-    /// balance below `i64::MIN` (a reading absurdly far back) saturates there. `None` for the
-    /// bandwidths `to_compact` refuses (interval refill, a scaled capacity beyond `i64`).
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, ScaledState};
-    /// # use core::time::Duration;
-    /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
-    /// let v = ScaledState::new(0, 0).to_compact(&b, 0).expect("fits");
-    /// // Empty at 0; full (10 × 10^8 units) from 1 s on, and never above.
-    /// let full = ScaledState::from_compact(&b, 0, v, 5_000_000_000).expect("greedy");
-    /// assert_eq!(full.balance(), 1_000_000_000);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    #[inline]
-    pub fn from_compact(b: &Bandwidth, base: i64, v: i64, at: i64) -> Option<Self> {
+    pub fn new(b: &Bandwidth, base: i64) -> Option<Self> {
         if b.kind.is_interval() {
             return None;
         }
-        let cap = b.scaled_capacity?;
-        let x = (at as i128 - base as i128) * b.scaled_rate as i128 - v as i128;
-        // x.min(cap) <= cap fits i64 from above; saturate a (far-back) debt below.
-        Some(Self::new(
-            at,
-            x.min(cap as i128).max(i64::MIN as i128) as i64,
-        ))
+        // The rate is at most the refill tokens and the unit at most the period: both fit.
+        let rate = i64::try_from(b.scaled_rate).ok()?;
+        Some(Self {
+            base,
+            rate,
+            capacity: b.scaled_capacity?,
+            unit: i64::try_from(b.balance_unit.get()).ok()?,
+            direct: base == 0 && rate == 1,
+        })
+    }
+
+    /// The reading values count from.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, CompactForm}; use core::time::Duration;
+    /// let b = Bandwidth::simple(1, Duration::from_secs(1))?;
+    /// assert_eq!(CompactForm::new(&b, 7).expect("greedy").base(), 7);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub const fn base(&self) -> i64 {
+        self.base
+    }
+
+    /// `st` as a compact value: `(last_refill − base) × rate + (capacity − balance)`. `None`
+    /// for a balance above capacity or a value beyond `i64`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, CompactForm, ScaledState}; use core::time::Duration;
+    /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
+    /// let form = CompactForm::new(&b, 0).expect("greedy");
+    /// assert_eq!(form.encode(ScaledState::new(5, 1_000_000_000)), Some(5)); // full at 5
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn encode(&self, st: ScaledState) -> Option<i64> {
+        if st.balance > self.capacity {
+            return None;
+        }
+        // |elapsed| < 2^64 and rate < 2^63: the product and the sum fit i128.
+        let elapsed = st.last_refill as i128 - self.base as i128;
+        let short = self.capacity as i128 - st.balance as i128;
+        i64::try_from(elapsed * self.rate as i128 + short).ok()
+    }
+
+    /// The state with compact value `u` refilled to reading `at`: last refill `at`, balance
+    /// `capacity − max(0, u − (at − base) × rate)`.
+    ///
+    /// Exact for any `at` not before the last refill of the state `u` encodes. An earlier `at`
+    /// gives a smaller balance (the refill "taken back" down to `at`), never a larger one; a
+    /// balance below `i64::MIN` (a reading absurdly far back) saturates there.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, CompactForm, ScaledState}; use core::time::Duration;
+    /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
+    /// let form = CompactForm::new(&b, 0).expect("greedy");
+    /// let u = form.encode(ScaledState::new(0, 0)).expect("fits");
+    /// // Empty at 0; full (10 × 10^8 units) from 1 s on, and never above.
+    /// assert_eq!(form.decode(u, 5_000_000_000).balance(), 1_000_000_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn decode(&self, u: i64, at: i64) -> ScaledState {
+        let p = (at as i128 - self.base as i128) * self.rate as i128;
+        let balance = self.capacity as i128 - (u as i128 - p).max(0);
+        // balance <= capacity fits i64 from above; saturate a (far-back) debt below.
+        ScaledState::new(at, balance.max(i64::MIN as i128) as i64)
+    }
+
+    /// Runs `op` on compact value `u` at reading `now`. Only operations with a fixed take
+    /// ([`Operation::take`], try_consume) run here, as the GCRA's step: with
+    /// `p = (now − base) × rate`, `u' = max(u, p) + need`, taken when `u' − p <= capacity`.
+    /// Between the clock reading and the new value that is a comparison and an addition (the
+    /// multiplication too unless `base` is 0 and the rate 1 unit per nanosecond, the common
+    /// case). Returns the output and the new value, which equals `u` when nothing changed.
+    ///
+    /// Exact — the same decision and state as [`ops::plan_one`] on the state `u` encodes —
+    /// whenever `now` is not before that state's last refill.
+    ///
+    /// # Errors
+    /// [`CompactStop::Invalid`] with the operation's error (nothing changes then), or
+    /// [`CompactStop::Decline`] when the operation has no fixed take or a value does not fit
+    /// `i64`: decode and plan then.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, CompactForm, ScaledState, ops::TryConsume};
+    /// # use core::time::Duration;
+    /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
+    /// let form = CompactForm::new(&b, 0).expect("greedy");
+    /// let u = form.encode(ScaledState::new(0, 1_000_000_000)).expect("fits"); // full at 0
+    /// let (taken, new) = form.plan(&TryConsume(3), u, 0)?;
+    /// assert!(taken);
+    /// assert_eq!(form.decode(new, 0).balance(), 700_000_000);
+    /// // Refused: the value is unchanged.
+    /// assert_eq!(form.plan(&TryConsume(8), new, 0)?, (false, new));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    // The flat result (no `Option` around a `Result` around an `Option`) matters: inlined into
+    // a bucket's hot path, it stays in two registers instead of going through the stack.
+    #[inline]
+    pub fn plan<O>(&self, op: &O, u: i64, now: i64) -> Result<(O::Output, i64), CompactStop>
+    where
+        O: Operation + ?Sized,
+    {
+        use CompactStop::Decline;
+        let take = op.take().ok_or(Decline)?;
+        let p = if self.direct {
+            now
+        } else {
+            now.checked_sub(self.base)
+                .and_then(|e| e.checked_mul(self.rate))
+                .ok_or(Decline)?
+        };
+        let n = take.tokens.map_err(CompactStop::Invalid)?;
+        let need = i64::try_from(n).ok().and_then(|n| n.checked_mul(self.unit));
+        // More than the capacity can ever hold: refused, nothing changes.
+        let Some(need) = need.filter(|need| *need <= self.capacity) else {
+            return Ok((take.refused, u));
+        };
+        // The refilled state's value is max(u, p); taking `need` moves it by `need`, and the
+        // balance stays >= 0 while the value stays within `capacity` of `p`.
+        let after = u.max(p).checked_add(need).ok_or(Decline)?;
+        let short = after.checked_sub(p).ok_or(Decline)?;
+        Ok(if short <= self.capacity {
+            (take.taken, after)
+        } else {
+            (take.refused, u)
+        })
     }
 }
+
+/// Why [`CompactForm::plan`] gave no result.
+///
+/// ```
+/// # use bucket4rs_core::{Bandwidth, CompactForm, CompactStop, OperationError, ops};
+/// # use core::time::Duration;
+/// let form = CompactForm::new(&Bandwidth::simple(10, Duration::from_secs(1))?, 0).expect("greedy");
+/// assert_eq!(form.plan(&ops::TryConsume(0), 0, 0), Err(CompactStop::Invalid(OperationError::ZeroTokens)));
+/// assert_eq!(form.plan(&ops::Reset, 0, 0), Err(CompactStop::Decline));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompactStop {
+    /// The operation's input is invalid; nothing changes.
+    Invalid(OperationError),
+    /// No compact path here: decode and plan.
+    Decline,
+}
+
+impl core::fmt::Display for CompactStop {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Invalid(e) => e.fmt(f),
+            Self::Decline => f.write_str("no compact path for this operation or state"),
+        }
+    }
+}
+
+impl core::error::Error for CompactStop {}
 
 /// Why a stored state does not fit a configuration.
 ///

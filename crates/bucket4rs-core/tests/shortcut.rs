@@ -10,7 +10,8 @@ use bucket4rs_core::ops::{
     TryConsumeAndReturnRemaining,
 };
 use bucket4rs_core::{
-    Bandwidth, BandwidthState, BucketConfiguration, OperationError, RefillKind, ScaledState,
+    Bandwidth, BandwidthState, BucketConfiguration, CompactForm, CompactStop, OperationError,
+    RefillKind, ScaledState,
 };
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
@@ -50,6 +51,22 @@ fn small_greedy() -> impl Strategy<Value = BucketConfiguration> {
         let b = Bandwidth::builder()
             .capacity(capacity)
             .refill_greedy(tokens, Duration::from_nanos(period))
+            .build()
+            .expect("valid");
+        BucketConfiguration::builder()
+            .add_limit(b)
+            .build()
+            .expect("valid")
+    })
+}
+
+/// Greedy bandwidths whose refill divides its period in nanoseconds (rate 1 scaled unit per
+/// nanosecond, the common case, which the compact path runs without multiplication).
+fn round_greedy() -> impl Strategy<Value = BucketConfiguration> {
+    (1u64..1_000_000, 1u64..1_000_000, 1u64..1_000).prop_map(|(capacity, tokens, k)| {
+        let b = Bandwidth::builder()
+            .capacity(capacity)
+            .refill_greedy(tokens, Duration::from_nanos(tokens * k))
             .build()
             .expect("valid");
         BucketConfiguration::builder()
@@ -236,22 +253,29 @@ fn compact_case() -> impl Strategy<Value = (i64, i64, i64, u64)> {
 proptest! {
     #![proptest_config(config_3000())]
 
-    /// The compact path (`ops::plan_compact`, what one-bandwidth lock-free buckets on a
+    /// The compact path (`CompactForm::plan`, what one-bandwidth lock-free buckets on a
     /// monotonic clock run) decides exactly as the decoded shortcut does for every reading not
     /// before the last refill, and decodes to exactly the refilled state; it declines only for
     /// bandwidths without a compact form or values beyond `i64`.
     #[test]
     fn the_compact_path_equals_the_shortcut(
-        c in prop_oneof![config(), small_greedy()],
+        c in prop_oneof![config(), small_greedy(), round_greedy()],
         (base, last, offset, elapsed) in compact_case(),
         n in prop_oneof![tokens(), 1u64..=3],
         near_capacity in any::<bool>(),
+        edge in prop::option::of(-2i64..=2),
     ) {
         let b = &c.bandwidths()[0];
-        let cap = b.capacity() as i128 * b.refill_period().as_nanos() as i128
+        let unit = b.refill_period().as_nanos() as i128
             / gcd(b.refill_tokens() as i64, b.refill_period().as_nanos() as i64) as i128;
-        // A balance at or below capacity: `offset` units below it, or `offset` units itself.
-        let balance = if near_capacity { cap - offset.unsigned_abs() as i128 } else { offset as i128 };
+        let cap = b.capacity() as i128 * unit;
+        // A balance at or below capacity: `offset` units below it, or `offset` units itself,
+        // or (with `edge`, and no time passing) right at the edge of `n` tokens.
+        let (balance, elapsed) = match edge {
+            Some(delta) if n <= 3 => (n as i128 * unit + delta as i128, 0),
+            _ if near_capacity => (cap - offset.unsigned_abs() as i128, elapsed),
+            _ => (offset as i128, elapsed),
+        };
         let (Ok(balance), Ok(cap64)) = (i64::try_from(balance), i64::try_from(cap)) else {
             return Ok(());
         };
@@ -260,39 +284,43 @@ proptest! {
         let scaled = ScaledState::new(last, balance);
         let rate = b.refill_tokens() as i128
             / gcd(b.refill_tokens() as i64, b.refill_period().as_nanos() as i64) as i128;
-        let exact_v = (last as i128 - base as i128) * rate - balance as i128;
-        let Some(v) = scaled.to_compact(b, base) else {
-            prop_assert!(!greedy || i64::try_from(exact_v).is_err(), "refused {:?} for {:?}", scaled, b);
+        let exact_v = (last as i128 - base as i128) * rate + (cap - balance as i128);
+        let Some(form) = CompactForm::new(b, base) else {
+            prop_assert!(!greedy, "no compact form for {:?}", b);
             return Ok(());
         };
         prop_assert!(greedy);
+        let Some(v) = form.encode(scaled) else {
+            prop_assert!(i64::try_from(exact_v).is_err(), "refused {:?} for {:?}", scaled, b);
+            return Ok(());
+        };
         prop_assert_eq!(v as i128, exact_v);
         let Some(now) = last.checked_add_unsigned(elapsed) else { return Ok(()); };
         let s = scaled.to_state(b);
         // Decoding at `now` is the refilled state.
-        let decoded = ScaledState::from_compact(b, base, v, now).expect("greedy");
+        let decoded = form.decode(v, now);
         prop_assert_eq!(decoded.to_state(b), Refilled::new(&c, now, |_| s).get(0));
         let op = TryConsume(n);
-        match bucket4rs_core::ops::plan_compact(&op, b, base, v, now) {
-            Some(fast) => {
-                let fast = fast.map(|(out, new)| {
-                    let new = new.map(|nv| {
-                        ScaledState::from_compact(b, base, nv, now).expect("greedy").to_state(b)
-                    });
-                    (out, new)
-                });
-                prop_assert_eq!(fast, shortcut(&op, &c, s, now));
+        match form.plan(&op, v, now) {
+            Ok((out, nv)) => {
+                // An unchanged value is "no new state".
+                let new = (nv != v).then(|| form.decode(nv, now).to_state(b));
+                prop_assert_eq!(Ok((out, new)), shortcut(&op, &c, s, now));
             }
-            None => {
-                // Only when a value leaves i64: (now − base) × rate, or the new compact value.
+            Err(CompactStop::Invalid(e)) => prop_assert_eq!(Err(e), shortcut(&op, &c, s, now)),
+            Err(CompactStop::Decline) => {
+                // Only when a value leaves i64: (now − base) × rate (not computed for base 0
+                // and rate 1), or the new compact value or its distance to p.
                 let p = (now as i128 - base as i128) * rate;
                 let need = n as i128 * b.refill_period().as_nanos() as i128
                     / gcd(b.refill_tokens() as i64, b.refill_period().as_nanos() as i64) as i128;
-                let new_v = p - ((p - v as i128).min(cap) - need);
+                let after = (v as i128).max(p) + need;
+                let direct = base == 0 && rate == 1;
                 prop_assert!(
-                    i64::try_from(now as i128 - base as i128).is_err()
-                        || i64::try_from(p).is_err()
-                        || i64::try_from(new_v).is_err(),
+                    (!direct && (i64::try_from(now as i128 - base as i128).is_err()
+                        || i64::try_from(p).is_err()))
+                        || i64::try_from(after).is_err()
+                        || i64::try_from(after - p).is_err(),
                     "the compact path must be taken for {:?} at {}", scaled, now
                 );
             }
@@ -304,7 +332,7 @@ proptest! {
     /// than the exact state has, never a success the exact state would refuse.
     #[test]
     fn a_reading_back_in_time_is_never_generous(
-        c in small_greedy(),
+        c in prop_oneof![small_greedy(), round_greedy()],
         (base, last, offset, back) in compact_case(),
         n in 1u64..=3,
     ) {
@@ -315,12 +343,12 @@ proptest! {
         let cap = b.capacity() as i64 * unit;
         let balance = if offset >= 0 { offset % (cap + 1) } else { offset };
         let scaled = ScaledState::new(last, balance);
-        let Some(v) = scaled.to_compact(b, base) else { return Ok(()); };
+        let form = CompactForm::new(b, base).expect("greedy");
+        let Some(v) = form.encode(scaled) else { return Ok(()); };
         let Some(now) = last.checked_sub_unsigned(back) else { return Ok(()); };
         let exact = scaled.to_state(b);
-        let decoded = ScaledState::from_compact(b, base, v, now).expect("greedy");
-        prop_assert!(decoded.balance() <= scaled.balance());
-        if let Some(Ok((true, _))) = bucket4rs_core::ops::plan_compact(&TryConsume(n), b, base, v, now) {
+        prop_assert!(form.decode(v, now).balance() <= scaled.balance());
+        if let Ok((true, _)) = form.plan(&TryConsume(n), v, now) {
             prop_assert!(matches!(shortcut(&TryConsume(n), &c, exact, now), Ok((true, _))));
         }
     }

@@ -134,7 +134,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// assert!(bucket.execute(TryConsume(2))?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn execute<O: Operation>(&self, op: O) -> Result<O::Output, OperationError> {
         let now = self.clock.now_nanos();
         let out = self.storage.execute(&op, now)?;
@@ -155,7 +155,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// assert!(!bucket.try_consume(1)?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn try_consume(&self, tokens: u64) -> Result<bool, OperationError> {
         self.execute(ops::TryConsume(tokens))
     }
@@ -365,7 +365,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
         let wall = self.clock.is_wall_clock_based();
         config.check_clock(wall)?;
         let now = self.clock.now_nanos();
-        self.storage.replace_with(|old, read| {
+        self.storage.replace_with(now, |old, read| {
             let list = (0..old.bandwidths().len()).map(read).collect();
             let state = BucketState::from_bandwidths(list)
                 .replace_configuration(old, &config, now, strategy, wall)?;
@@ -382,7 +382,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// # Ok::<(), bucket4rs_local::ConfigError>(())
     /// ```
     pub fn configuration(&self) -> BucketConfiguration {
-        self.storage.snapshot().0
+        self.storage.snapshot(self.clock.now_nanos()).0
     }
 
     /// A consistent copy of configuration and state, to persist and later restore with
@@ -399,7 +399,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn snapshot(&self) -> BucketSnapshot {
-        let (configuration, state) = self.storage.snapshot();
+        let (configuration, state) = self.storage.snapshot(self.clock.now_nanos());
         BucketSnapshot {
             configuration,
             state,

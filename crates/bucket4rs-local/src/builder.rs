@@ -208,7 +208,12 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
     /// ```
     pub fn build_storage<S: NewStorage>(self) -> Result<Bucket<S, C, L>, ConfigError> {
         let (config, state, clock, listener) = self.parts()?;
-        Ok(Bucket::from_parts(S::new(config, state), clock, listener))
+        let monotonic = clock.is_monotonic();
+        Ok(Bucket::from_parts(
+            S::new(config, state, monotonic),
+            clock,
+            listener,
+        ))
     }
 
     /// Builds a lock-free bucket (the default strategy).
@@ -291,8 +296,9 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
         strategy: SynchronizationStrategy,
     ) -> Result<Bucket<AnyStorage, C, L>, ConfigError> {
         let (config, state, clock, listener) = self.parts()?;
+        let monotonic = clock.is_monotonic();
         Ok(Bucket::from_parts(
-            AnyStorage::new_with(strategy, config, state),
+            AnyStorage::new_with(strategy, config, state, monotonic),
             clock,
             listener,
         ))

@@ -8,8 +8,9 @@ use bucket4rs_core::Clock;
 #[derive(Debug)]
 struct Anchor {
     clock: quanta::Clock,
-    raw: u64,
-    epoch_nanos: i64,
+    /// Epoch nanoseconds minus the counter's nanoseconds, both read at the anchoring: a reading
+    /// is `offset + counter nanoseconds`, one addition after quanta's scaling.
+    offset: i64,
 }
 
 #[inline]
@@ -17,16 +18,31 @@ fn anchor() -> &'static Anchor {
     static ANCHOR: OnceLock<Anchor> = OnceLock::new();
     ANCHOR.get_or_init(|| {
         let clock = quanta::Clock::new();
-        let raw = clock.raw();
+        let counter = counter_nanos(&clock);
         let epoch_nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
         Anchor {
             clock,
-            raw,
-            epoch_nanos,
+            offset: epoch_nanos.saturating_sub(counter),
         }
     })
+}
+
+/// The counter in nanoseconds (quanta's scaling of the raw time-stamp counter), as `i64`.
+#[inline]
+fn counter_nanos(clock: &quanta::Clock) -> i64 {
+    let nanos = clock.delta_as_nanos(0, clock.raw());
+    i64::try_from(nanos).unwrap_or(i64::MAX)
+}
+
+/// A reading past `i64::MAX` nanoseconds since the epoch (year 2262): saturated. Out of line,
+/// so the hot path tests for it with a branch, not with a conditional move in the chain of
+/// operations from the counter to the compare-and-swap.
+#[cold]
+#[inline(never)]
+fn saturated() -> i64 {
+    i64::MAX
 }
 
 /// The default clock: wall-clock nanoseconds since the Unix epoch, advanced by the CPU's
@@ -51,6 +67,7 @@ fn anchor() -> &'static Anchor {
 /// assert!(b >= a);
 /// assert!(a > 1_600_000_000_000_000_000); // epoch-based
 /// assert!(FastClock.is_wall_clock_based());
+/// assert!(FastClock.is_monotonic());
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FastClock;
@@ -59,12 +76,25 @@ impl Clock for FastClock {
     #[inline]
     fn now_nanos(&self) -> i64 {
         let a = anchor();
-        let delta = a.clock.delta_as_nanos(a.raw, a.clock.raw());
-        a.epoch_nanos
-            .saturating_add(i64::try_from(delta).unwrap_or(i64::MAX))
+        let nanos = a.clock.delta_as_nanos(0, a.clock.raw());
+        // The offset is the epoch time at the counter's zero, so the sum only overflows in the
+        // year 2262; it then saturates.
+        match i64::try_from(nanos)
+            .ok()
+            .and_then(|n| a.offset.checked_add(n))
+        {
+            Some(t) => t,
+            None => saturated(),
+        }
     }
 
     fn is_wall_clock_based(&self) -> bool {
+        true
+    }
+
+    /// The time-stamp counter never goes back on CPUs where `quanta` uses it (an invariant
+    /// TSC, synchronized across cores), and the `Instant` fallback is monotonic too.
+    fn is_monotonic(&self) -> bool {
         true
     }
 }

@@ -88,11 +88,14 @@ impl AnyStorage {
         strategy: SynchronizationStrategy,
         config: BucketConfiguration,
         state: BucketState,
+        monotonic_clock: bool,
     ) -> Self {
         match strategy {
-            SynchronizationStrategy::LockFree => Self::LockFree(LockFree::new(config, state)),
+            SynchronizationStrategy::LockFree => {
+                Self::LockFree(LockFree::new(config, state, monotonic_clock))
+            }
             SynchronizationStrategy::Synchronized => {
-                Self::Synchronized(Synchronized::new(config, state))
+                Self::Synchronized(Synchronized::new(config, state, monotonic_clock))
             }
         }
     }
@@ -116,19 +119,19 @@ impl Storage for AnyStorage {
             Self::Synchronized(s) => s.execute_with_config(op, now),
         }
     }
-    fn replace_with<F>(&self, f: F) -> Result<(), ConfigError>
+    fn replace_with<F>(&self, now: i64, f: F) -> Result<(), ConfigError>
     where
         F: Fn(&BucketConfiguration, &dyn Fn(usize) -> BandwidthState) -> Replacement,
     {
         match self {
-            Self::LockFree(s) => s.replace_with(f),
-            Self::Synchronized(s) => s.replace_with(f),
+            Self::LockFree(s) => s.replace_with(now, f),
+            Self::Synchronized(s) => s.replace_with(now, f),
         }
     }
-    fn snapshot(&self) -> (BucketConfiguration, BucketState) {
+    fn snapshot(&self, now: i64) -> (BucketConfiguration, BucketState) {
         match self {
-            Self::LockFree(s) => s.snapshot(),
-            Self::Synchronized(s) => s.snapshot(),
+            Self::LockFree(s) => s.snapshot(now),
+            Self::Synchronized(s) => s.snapshot(now),
         }
     }
 }

@@ -69,7 +69,7 @@ macro_rules! exclusive_storage {
         }
 
         impl NewStorage for $name {
-            fn new(config: BucketConfiguration, state: BucketState) -> Self {
+            fn new(config: BucketConfiguration, state: BucketState, _monotonic_clock: bool) -> Self {
                 Self { inner: Exclusive::new((config, state)) }
             }
         }
@@ -88,7 +88,7 @@ macro_rules! exclusive_storage {
                 self.inner.with(|(config, state)| Ok((state.apply(config, now, op)?, config.clone())))
             }
 
-            fn replace_with<F>(&self, f: F) -> Result<(), ConfigError>
+            fn replace_with<F>(&self, _now: i64, f: F) -> Result<(), ConfigError>
             where
                 F: Fn(&BucketConfiguration, &dyn Fn(usize) -> BandwidthState) -> Replacement,
             {
@@ -100,7 +100,7 @@ macro_rules! exclusive_storage {
                 })
             }
 
-            fn snapshot(&self) -> (BucketConfiguration, BucketState) {
+            fn snapshot(&self, _now: i64) -> (BucketConfiguration, BucketState) {
                 self.inner.with(|inner| inner.clone())
             }
         }

@@ -1,10 +1,25 @@
-//! The lock-free strategy: one 128-bit compare-and-swap for a one-bandwidth bucket; immutable
+//! The lock-free strategy: one 64-bit compare-and-swap for a one-bandwidth greedy bucket on a
+//! monotonic clock, one 128-bit compare-and-swap for other one-bandwidth buckets; immutable
 //! snapshots in recycled slots, published by one CAS, for everything else.
+//!
+//! # Compact mode (one greedy bandwidth, monotonic clock)
+//!
+//! The default case — one greedy limit, the default [`FastClock`](crate::FastClock) — keeps
+//! the whole state in one 64-bit word: the GCRA's "theoretical arrival time" in the core's
+//! exact scaled units ([`CompactForm`]), the reading at which the bucket is full again. With
+//! readings that never go back, the last refill time is implied and need not be stored. An
+//! operation loads the word, runs the GCRA step for try_consume (`u' = max(u, p) + need`,
+//! taken when `u' − p <= capacity`; other operations decode, plan with the core and
+//! re-encode), and compare-and-swaps the new word in: governor's shape and cost, with
+//! Bucket4j's exact integer semantics. The hot path is inlined into the caller; everything
+//! else (retries, other operations, leaving the mode) is out of line. See [`compact`] for the
+//! word and how the mode ends.
 //!
 //! # Packed mode (one bandwidth)
 //!
-//! A bucket whose configuration has a single bandwidth keeps its whole state in one 128-bit
-//! word, `packed`: the last refill time, and the balance in the core's scaled form
+//! A bucket whose configuration has a single bandwidth but no compact form (an interval
+//! refill, or a clock that may go back) keeps its whole state in one 128-bit word, `packed`:
+//! the last refill time, and the balance in the core's scaled form
 //! ([`ScaledState`](bucket4rs_core::ScaledState), `tokens × unit + remainder / quantum`, in 62
 //! bits) with a two-bit mode. An operation loads the word (Acquire), decides with the core —
 //! `ops::plan_scaled` (division-free) for try_consume, else decode and `ops::plan_one` /
@@ -60,7 +75,8 @@ use std::sync::OnceLock;
 
 use bucket4rs_core::ops::{self, Operation};
 use bucket4rs_core::{
-    Bandwidth, BandwidthState, BucketConfiguration, BucketState, ConfigError, OperationError,
+    BandwidthState, BucketConfiguration, BucketState, CompactForm, CompactStop, ConfigError,
+    OperationError,
 };
 
 use crossbeam_utils::Backoff;
@@ -162,6 +178,10 @@ fn stride(config: &BucketConfiguration) -> usize {
 #[derive(Debug)]
 #[repr(C, align(64))]
 struct Hot {
+    /// The compact one-bandwidth state, or a mode marker (see [`compact`]).
+    compact: AtomicU64,
+    /// How compact values read (fixed; beside the word, so the hot path touches one line).
+    form: Option<CompactForm>,
     /// The packed one-bandwidth state, or the [`SLOTS`] mode marker (see [`packed`]).
     packed: AtomicU128,
     current: AtomicU64,
@@ -200,6 +220,8 @@ struct Overflow {
 #[derive(Debug)]
 pub struct LockFree {
     hot: Hot,
+    /// The word this bucket started on (fixed): operations dispatch on it.
+    kind: Kind,
     fast_config: [AtomicI64; FAST],
     /// State words per inline slot.
     stride: usize,
@@ -212,16 +234,39 @@ pub struct LockFree {
 }
 
 impl NewStorage for LockFree {
-    fn new(config: BucketConfiguration, state: BucketState) -> Self {
+    fn new(config: BucketConfiguration, state: BucketState, monotonic_clock: bool) -> Self {
         let stride = stride(&config);
-        // Packed mode needs a native 128-bit compare-and-swap and a load that does not write
-        // (else a lock would emulate it, or rejections would write the shared line).
-        let packed = match (config.bandwidths(), state.bandwidths()) {
-            ([b], [st]) if wide_word_supported() => packed::encode(b, *st, packed::PACKED),
+        let one = match (config.bandwidths(), state.bandwidths()) {
+            ([b], [st]) => Some((b, *st)),
             _ => None,
         };
+        // Compact mode needs a clock that never goes back (the word does not store the last
+        // refill time) and a greedy bandwidth. Values count from reading 0 when that fits (no
+        // subtraction on the hot path), else from the state's last refill.
+        let (form, compact) = one
+            .filter(|_| monotonic_clock)
+            .and_then(|(b, st)| {
+                [0, st.last_refill_nanos()].into_iter().find_map(|base| {
+                    let form = CompactForm::new(b, base)?;
+                    Some((form, compact::encode(&form, b, st)?))
+                })
+            })
+            .map_or((None, None), |(form, word)| (Some(form), Some(word)));
+        // Packed mode needs a native 128-bit compare-and-swap and a load that does not write
+        // (else a lock would emulate it, or rejections would write the shared line).
+        let packed = one
+            .filter(|_| compact.is_none() && wide_word_supported())
+            .and_then(|(b, st)| packed::encode(b, st, packed::PACKED));
+        let kind = match (compact, packed) {
+            (Some(_), _) => Kind::Compact,
+            (None, Some(_)) => Kind::Packed,
+            (None, None) => Kind::Slots,
+        };
         let storage = Self {
+            kind,
             hot: Hot {
+                compact: AtomicU64::new(compact.unwrap_or(compact::SLOTS_WORD)),
+                form,
                 packed: AtomicU128::new(packed.unwrap_or(packed::SLOTS_WORD)),
                 current: AtomicU64::new(0),
                 busy: core::array::from_fn(|i| AtomicBool::new(i == 0)),
@@ -285,7 +330,37 @@ impl LockFree {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn is_packed(&self) -> bool {
-        packed::mode(self.hot.packed.load(Ordering::Acquire)) != packed::SLOTS
+        match self.kind {
+            Kind::Compact => self.is_compact(),
+            Kind::Packed => packed::mode(self.hot.packed.load(Ordering::Acquire)) != packed::SLOTS,
+            Kind::Slots => false,
+        }
+    }
+
+    /// Whether the bucket runs on the compact 64-bit word: one greedy bandwidth, a clock that
+    /// declares itself [monotonic](bucket4rs_core::Clock::is_monotonic) (the default
+    /// [`FastClock`](crate::FastClock) does), a state that fits. Then an operation is one
+    /// 64-bit load and at most one 64-bit compare-and-swap, like governor's. Once it leaves
+    /// compact mode it never returns.
+    ///
+    /// ```
+    /// use bucket4rs_local::{Bucket, LockFreeBucket, ManualClock};
+    /// use std::time::Duration;
+    /// let greedy: LockFreeBucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+    ///     .build()?;
+    /// assert!(greedy.storage().is_compact());
+    /// // A manual clock may go back: the bucket keeps the last refill time (packed or slots).
+    /// let manual: LockFreeBucket<ManualClock> = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+    ///     .with_clock(ManualClock::new(0))
+    ///     .build()?;
+    /// assert!(!manual.storage().is_compact());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_compact(&self) -> bool {
+        self.kind == Kind::Compact
+            && compact::mode(self.hot.compact.load(Ordering::Acquire)) == compact::VALUE
     }
 
     /// Slots allocated so far (two inline, more only under contention).
@@ -468,9 +543,141 @@ impl LockFree {
         }
     }
 
-    /// Runs `op`: on the packed word while the bucket is in packed mode, else on the slots.
-    #[inline]
+    /// Runs `op` on the word the bucket started on, or on the slots once it left it. The
+    /// compact word is tried first (other buckets hold a marker there), so a compact bucket
+    /// pays no dispatch.
+    #[inline(always)]
     fn run<O: Operation, T>(
+        &self,
+        op: &O,
+        now: i64,
+        finish: impl Fn(&BucketConfiguration) -> T,
+    ) -> Result<(O::Output, T), OperationError> {
+        self.run_compact(op, now, finish)
+    }
+
+    /// [`run`](Self::run) for a bucket that is not in compact mode (or a compact operation
+    /// that needs more than the inline path): by the word the bucket started on.
+    #[inline(never)]
+    fn run_other<O: Operation, T>(
+        &self,
+        op: &O,
+        now: i64,
+        finish: impl Fn(&BucketConfiguration) -> T,
+    ) -> Result<(O::Output, T), OperationError> {
+        match self.kind {
+            Kind::Compact => self.run_compact_loop(op, now, finish),
+            Kind::Packed => self.run_packed(op, now, finish),
+            Kind::Slots => self.run_slots(op, now, finish),
+        }
+    }
+
+    /// Runs `op` on the compact word: the common case — compact mode, the division-free
+    /// shortcut, no lost race — inline, in one load and at most one compare-and-swap;
+    /// everything else in [`run_compact_loop`](Self::run_compact_loop), out of line so the hot
+    /// path stays small (no spills, no jump table).
+    #[inline(always)]
+    fn run_compact<O: Operation, T>(
+        &self,
+        op: &O,
+        now: i64,
+        finish: impl Fn(&BucketConfiguration) -> T,
+    ) -> Result<(O::Output, T), OperationError> {
+        let config = &self.first_config;
+        let w = self.hot.compact.load(Ordering::Acquire);
+        // Straight-line early returns, no joining `match`: the result stays in registers.
+        let (Some(form), compact::VALUE) = (&self.hot.form, compact::mode(w)) else {
+            return self.run_other(op, now, finish);
+        };
+        let v = compact::value(w);
+        let (out, new) = match form.plan(op, v, now) {
+            Ok(planned) => planned,
+            Err(CompactStop::Invalid(e)) => return Err(e),
+            Err(CompactStop::Decline) => return self.run_other(op, now, finish),
+        };
+        if new == v {
+            return Ok((out, finish(config)));
+        }
+        let Some(next) = compact::encode_value(new) else {
+            return self.run_other(op, now, finish);
+        };
+        if self
+            .hot
+            .compact
+            .compare_exchange(w, next, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return Ok((out, finish(config)));
+        }
+        self.retries.fetch_add(1, Ordering::Relaxed);
+        self.run_other(op, now, finish)
+    }
+
+    /// [`run_compact`](Self::run_compact) in full: retries with backoff, the decoded path for
+    /// operations without a shortcut, leaving compact mode, and the slots after it.
+    #[inline]
+    fn run_compact_loop<O: Operation, T>(
+        &self,
+        op: &O,
+        now: i64,
+        finish: impl Fn(&BucketConfiguration) -> T,
+    ) -> Result<(O::Output, T), OperationError> {
+        let backoff = Backoff::new();
+        let config = &self.first_config;
+        let (Some(form), [b]) = (&self.hot.form, config.bandwidths()) else {
+            // Unreachable: compact mode is only entered for one greedy bandwidth.
+            return self.run_slots(op, now, finish);
+        };
+        loop {
+            let w = self.hot.compact.load(Ordering::Acquire);
+            match compact::mode(w) {
+                compact::VALUE => {
+                    let v = compact::value(w);
+                    // The GCRA step for try_consume; decoded for everything else.
+                    let step = match form.plan(op, v, now) {
+                        Ok((out, new)) if new == v => Step::Done(Ok(out)),
+                        Ok((out, new)) => Step::publish(out, compact::encode_value(new)),
+                        Err(CompactStop::Invalid(e)) => Step::Done(Err(e)),
+                        Err(CompactStop::Decline) => {
+                            let s = form.decode(v, now).to_state(b);
+                            match self.plan_state(op, s, now) {
+                                Ok((out, Some(new))) => {
+                                    Step::publish(out, compact::encode(form, b, new))
+                                }
+                                other => Step::Done(other.map(|(out, _)| out)),
+                            }
+                        }
+                    };
+                    match step {
+                        Step::Publish(out, next) => {
+                            if self
+                                .hot
+                                .compact
+                                .compare_exchange(w, next, Ordering::AcqRel, Ordering::Relaxed)
+                                .is_ok()
+                            {
+                                return Ok((out, finish(config)));
+                            }
+                            self.retries.fetch_add(1, Ordering::Relaxed);
+                            backoff.spin();
+                        }
+                        // The new state does not fit the word: move to the slots for good,
+                        // then run the operation there.
+                        Step::Freeze => self.freeze_compact(w, now),
+                        // Nothing to write: the word was read in one atomic load.
+                        Step::Done(result) => return result.map(|out| (out, finish(config))),
+                    }
+                }
+                compact::FROZEN => self.install(w),
+                _ => return self.run_slots(op, now, finish),
+            }
+        }
+    }
+
+    /// Runs `op`: on the packed word while the bucket is in packed mode, else on the slots.
+    /// Inlined into [`run_other`](Self::run_other), away from compact buckets' hot path.
+    #[inline]
+    fn run_packed<O: Operation, T>(
         &self,
         op: &O,
         now: i64,
@@ -493,7 +700,12 @@ impl LockFree {
                             Step::publish(out, packed::encode_scaled(new, packed::PACKED))
                         }
                         Some(other) => Step::Done(other.map(|(out, _)| out)),
-                        None => self.plan_decoded(op, b, scaled.to_state(b), now),
+                        None => match self.plan_state(op, scaled.to_state(b), now) {
+                            Ok((out, Some(new))) => {
+                                Step::publish(out, packed::encode(b, new, packed::PACKED))
+                            }
+                            other => Step::Done(other.map(|(out, _)| out)),
+                        },
                     };
                     match step {
                         Step::Publish(out, next) => {
@@ -522,28 +734,73 @@ impl LockFree {
         }
     }
 
-    /// The packed path for operations without a scaled shortcut: decode, plan, re-encode.
+    /// The one-bandwidth path for operations without a scaled shortcut, on the decoded state
+    /// `s`: the core's shortcut or its general engine. The new state, if it changed.
     #[inline]
-    fn plan_decoded<O: Operation>(
+    fn plan_state<O: Operation>(
         &self,
         op: &O,
-        b: &Bandwidth,
         s: BandwidthState,
         now: i64,
-    ) -> Step<O::Output> {
+    ) -> Result<(O::Output, Option<BandwidthState>), OperationError> {
         let config = &self.first_config;
-        let step = match ops::plan_one(op, config, now, || s) {
+        match ops::plan_one(op, config, now, || s) {
             Some(single) => single,
             None => ops::plan(op, config, now, |_| s).map(|plan| {
                 let mut new = None;
                 plan.write(|_, st| new = Some(st));
                 (plan.into_output(), new)
             }),
-        };
-        match step {
-            Ok((out, Some(new))) => Step::publish(out, packed::encode(b, new, packed::PACKED)),
-            other => Step::Done(other.map(|(out, _)| out)),
         }
+    }
+
+    /// Moves a compact bucket to the slots for good: the state of `w` (compact), refilled to
+    /// `now`, is written into a claimed slot, then `w` is replaced by a frozen word naming that
+    /// slot (so no compact compare-and-swap can succeed any more), and installed. If another
+    /// thread changed the word first, the slot is released and the caller reloads.
+    #[cold]
+    fn freeze_compact(&self, w: u64, now: i64) {
+        let (Some(form), [b]) = (&self.hot.form, self.first_config.bandwidths()) else {
+            return;
+        };
+        let state = form.decode(compact::value(w), now);
+        let mut spare = None;
+        let Some((i, slot)) = self.ensure_spare(&mut spare, 0, stride(&self.first_config)) else {
+            return;
+        };
+        slot.set_config_index(0);
+        slot.write(0, state.to_state(b));
+        // Release: whoever sees the frozen word sees the slot's words.
+        match self.hot.compact.compare_exchange(
+            w,
+            compact::frozen(i),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => self.install(compact::frozen(i)),
+            Err(_) => slot.busy.store(false, Ordering::Release),
+        }
+    }
+
+    /// Completes the move out of compact mode that froze the word into `w`: publishes the slot
+    /// it names (unless another thread already did), then marks the word as slots. Any thread
+    /// that sees a frozen word helps, so no thread waits for the one that froze it.
+    #[cold]
+    fn install(&self, w: u64) {
+        // While the bucket was compact, `current` kept its initial value 0; the first
+        // publication after the freeze is the installation, and only the frozen word's slot
+        // is ever installed (a word is frozen once).
+        if self.hot.current.load(Ordering::Acquire) == 0 {
+            if let Some(old) = self.slot(0) {
+                self.publish(0, old, compact::slot(w));
+            }
+        }
+        let _ = self.hot.compact.compare_exchange(
+            w,
+            compact::SLOTS_WORD,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
     }
 
     /// Stops packed-mode writes: `w` (packed) becomes frozen with the same state. Losing the
@@ -593,20 +850,32 @@ impl LockFree {
         );
     }
 
-    /// Leaves packed mode (if the bucket is in it), for operations the slots serve.
-    fn leave_packed_mode(&self) {
-        loop {
-            let w = self.hot.packed.load(Ordering::Acquire);
-            match packed::mode(w) {
-                packed::PACKED => self.freeze(w),
-                packed::FROZEN => self.thaw(w),
-                _ => return,
-            }
+    /// Leaves the word the bucket started on (if it is still on it), for operations only the
+    /// slots serve; `now` is the reading a compact state is refilled to.
+    fn leave_word(&self, now: i64) {
+        match self.kind {
+            Kind::Compact => loop {
+                let w = self.hot.compact.load(Ordering::Acquire);
+                match compact::mode(w) {
+                    compact::VALUE => self.freeze_compact(w, now),
+                    compact::FROZEN => self.install(w),
+                    _ => return,
+                }
+            },
+            Kind::Packed => loop {
+                let w = self.hot.packed.load(Ordering::Acquire);
+                match packed::mode(w) {
+                    packed::PACKED => self.freeze(w),
+                    packed::FROZEN => self.thaw(w),
+                    _ => return,
+                }
+            },
+            Kind::Slots => {}
         }
     }
 
     /// [`run`](Self::run) on the slots.
-    #[inline]
+    #[inline(never)]
     fn run_slots<O: Operation, T>(
         &self,
         op: &O,
@@ -677,7 +946,7 @@ impl LockFree {
 }
 
 impl Storage for LockFree {
-    #[inline]
+    #[inline(always)]
     fn execute<O: Operation>(&self, op: &O, now: i64) -> Result<O::Output, OperationError> {
         self.run(op, now, |_| ()).map(|(o, ())| o)
     }
@@ -690,12 +959,12 @@ impl Storage for LockFree {
         self.run(op, now, BucketConfiguration::clone)
     }
 
-    fn replace_with<F>(&self, f: F) -> Result<(), ConfigError>
+    fn replace_with<F>(&self, now: i64, f: F) -> Result<(), ConfigError>
     where
         F: Fn(&BucketConfiguration, &dyn Fn(usize) -> BandwidthState) -> Replacement,
     {
         // Replacement is rare: it runs on the slots, which can hold any configuration.
-        self.leave_packed_mode();
+        self.leave_word(now);
         let mut spare: Option<(usize, SlotRef<'_>)> = None;
         let backoff = Backoff::new();
         let result = loop {
@@ -734,17 +1003,32 @@ impl Storage for LockFree {
         result
     }
 
-    fn snapshot(&self) -> (BucketConfiguration, BucketState) {
-        loop {
-            let w = self.hot.packed.load(Ordering::Acquire);
-            match (packed::mode(w), self.first_config.bandwidths()) {
-                (packed::PACKED, [b]) => {
-                    let state = BucketState::from_bandwidths(vec![packed::decode(b, w)]);
-                    return (self.first_config.clone(), state);
+    fn snapshot(&self, now: i64) -> (BucketConfiguration, BucketState) {
+        let one = |st| {
+            (
+                self.first_config.clone(),
+                BucketState::from_bandwidths(vec![st]),
+            )
+        };
+        match (self.kind, self.first_config.bandwidths(), &self.hot.form) {
+            (Kind::Compact, [b], Some(form)) => loop {
+                let w = self.hot.compact.load(Ordering::Acquire);
+                match compact::mode(w) {
+                    // The word holds no last refill time: the state refilled to `now`.
+                    compact::VALUE => return one(form.decode(compact::value(w), now).to_state(b)),
+                    compact::FROZEN => self.install(w),
+                    _ => break,
                 }
-                (packed::FROZEN, _) => self.thaw(w),
-                _ => break,
-            }
+            },
+            (Kind::Packed, [b], _) => loop {
+                let w = self.hot.packed.load(Ordering::Acquire);
+                match packed::mode(w) {
+                    packed::PACKED => return one(packed::decode(b, w)),
+                    packed::FROZEN => self.thaw(w),
+                    _ => break,
+                }
+            },
+            _ => {}
         }
         loop {
             let Some((cur, slot, _, config)) = self.load() else {
@@ -760,22 +1044,150 @@ impl Storage for LockFree {
     }
 }
 
-/// What an operation decided on the packed word.
-enum Step<T> {
+/// What an operation decided on the compact or packed word `W`.
+enum Step<T, W> {
     /// Compare-and-swap this word in, then return the output.
-    Publish(T, u128),
+    Publish(T, W),
     /// The new state does not fit the word: leave packed mode.
     Freeze,
     /// An outcome that writes nothing.
     Done(Result<T, OperationError>),
 }
 
-impl<T> Step<T> {
+impl<T, W> Step<T, W> {
     #[inline]
-    fn publish(out: T, word: Option<u128>) -> Self {
+    fn publish(out: T, word: Option<W>) -> Self {
         match word {
             Some(w) => Self::Publish(out, w),
             None => Self::Freeze,
+        }
+    }
+}
+
+/// The word a bucket starts on, fixed at construction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// One greedy bandwidth on a monotonic clock: the 64-bit compact word.
+    Compact,
+    /// One bandwidth: the 128-bit packed word.
+    Packed,
+    /// Several bandwidths, or no word fits: the slots from the start.
+    Slots,
+}
+
+/// The compact representation of a one-bandwidth greedy state: one 64-bit word, so an
+/// operation is one 64-bit load and at most one 64-bit compare-and-swap — governor's cost.
+///
+/// The word is the compact value `u` itself (see [`CompactForm`]): the reading,
+/// in scaled units counted from `base`, at which the bucket is full again. The balance at a
+/// reading `t` is `capacity − max(0, u − (t − base) × rate)`; exact while readings never go
+/// back, which is why compact mode needs a [monotonic](bucket4rs_core::Clock::is_monotonic)
+/// clock. A reading taken before another thread's change (and handed in after it) sees the
+/// refill only up to itself: conservative by the nanoseconds of the race, never generous.
+/// The lowest 2^17 values of `i64` are reserved as markers: a frozen word naming a slot, and
+/// the slots word; a value there does not fit and moves the bucket to the slots.
+///
+/// Compact mode ends, for good, when a new state does not fit (above capacity, or a value out
+/// of range) or the configuration is replaced: the thread writes the state, refilled to its
+/// reading, into a claimed slot and swaps the word for a *frozen* word naming that slot; then
+/// any thread that sees it publishes the slot (the first publication over the untouched
+/// `current` wins) and marks the word [`SLOTS`](compact::SLOTS).
+mod compact {
+    use bucket4rs_core::{Bandwidth, BandwidthState, CompactForm, ScaledState};
+
+    /// Mode: the compact value is in force.
+    pub(super) const VALUE: u64 = 0;
+    /// Mode: frozen; the word names the slot holding the state.
+    pub(super) const FROZEN: u64 = 1;
+    /// Mode: the slots hold the state.
+    pub(super) const SLOTS: u64 = 2;
+
+    /// Frozen words are `i64::MIN + slot` (slots are fewer than 2^16).
+    const FROZEN_BASE: i64 = i64::MIN;
+    /// The word of a bucket whose state lives in the slots.
+    pub(super) const SLOTS_WORD: u64 = (i64::MIN + (1 << 16)) as u64;
+    /// The smallest compact value a word holds; everything below is a marker.
+    const MIN_VALUE: i64 = i64::MIN + (1 << 17);
+
+    #[inline]
+    pub(super) fn mode(w: u64) -> u64 {
+        if w as i64 >= MIN_VALUE {
+            VALUE
+        } else if w == SLOTS_WORD {
+            SLOTS
+        } else {
+            FROZEN
+        }
+    }
+
+    /// The compact value in `w` (mode [`VALUE`]).
+    #[inline]
+    pub(super) fn value(w: u64) -> i64 {
+        w as i64
+    }
+
+    /// The word holding `u`, if it is not in the markers' range.
+    #[inline]
+    pub(super) fn encode_value(u: i64) -> Option<u64> {
+        (u >= MIN_VALUE).then_some(u as u64)
+    }
+
+    /// The word holding `st` of `b` in `form`, if it fits.
+    #[inline]
+    pub(super) fn encode(form: &CompactForm, b: &Bandwidth, st: BandwidthState) -> Option<u64> {
+        encode_value(form.encode(ScaledState::from_state(b, st)?)?)
+    }
+
+    /// The frozen word naming slot `index` (below 2^16).
+    #[inline]
+    pub(super) fn frozen(index: usize) -> u64 {
+        FROZEN_BASE.wrapping_add((index & 0xffff) as i64) as u64
+    }
+
+    /// The slot a frozen word names.
+    #[inline]
+    pub(super) fn slot(w: u64) -> usize {
+        (w as i64).wrapping_sub(FROZEN_BASE) as usize
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use core::time::Duration;
+
+        #[test]
+        fn words_round_trip_at_the_edges() {
+            for u in [0, 1, -1, i64::MAX, MIN_VALUE, MIN_VALUE + 1] {
+                let w = encode_value(u).expect("fits");
+                assert_eq!((mode(w), value(w)), (VALUE, u));
+            }
+            assert_eq!(encode_value(MIN_VALUE - 1), None);
+            assert_eq!(encode_value(i64::MIN), None);
+            for i in [0, 1, 65_535] {
+                assert_eq!((mode(frozen(i)), slot(frozen(i))), (FROZEN, i));
+            }
+            assert_eq!(mode(SLOTS_WORD), SLOTS);
+        }
+
+        #[test]
+        fn only_greedy_states_at_or_below_capacity_encode() {
+            let greedy = Bandwidth::simple(10, Duration::from_secs(1)).expect("valid");
+            let interval = Bandwidth::builder()
+                .capacity(10)
+                .refill_intervally(10, Duration::from_secs(1))
+                .build()
+                .expect("valid");
+            assert_eq!(CompactForm::new(&interval, 0), None);
+            let form = CompactForm::new(&greedy, 0).expect("greedy");
+            let full = BandwidthState::from_parts(0, 10, 0);
+            assert!(encode(&form, &greedy, full).is_some());
+            let over = BandwidthState::from_parts(0, 11, 0);
+            assert_eq!(encode(&form, &greedy, over), None);
+            // Decoded at its own time, a word gives its state back.
+            let form = CompactForm::new(&greedy, -9).expect("greedy");
+            let st = BandwidthState::from_parts(5, 3, 700_000_000);
+            let u = value(encode(&form, &greedy, st).expect("fits"));
+            assert_eq!(form.decode(u, 5).to_state(&greedy), st);
         }
     }
 }

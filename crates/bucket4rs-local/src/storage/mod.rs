@@ -42,22 +42,26 @@ pub trait Storage: sealed::Sealed {
         now: i64,
     ) -> Result<(O::Output, BucketConfiguration), OperationError>;
 
-    /// Replaces configuration and state with what `f` computes from the current ones, atomically.
+    /// Replaces configuration and state with what `f` computes from the current ones,
+    /// atomically, at clock reading `now`.
     #[doc(hidden)]
-    fn replace_with<F>(&self, f: F) -> Result<(), ConfigError>
+    fn replace_with<F>(&self, now: i64, f: F) -> Result<(), ConfigError>
     where
         F: Fn(&BucketConfiguration, &dyn Fn(usize) -> BandwidthState) -> Replacement;
 
-    /// A consistent copy of configuration and (unrefilled) state.
+    /// A consistent copy of configuration and state at clock reading `now`: the stored state,
+    /// or (a lock-free bucket's compact word, which keeps no last refill time) the state
+    /// refilled to `now`, which every later operation sees the same way.
     #[doc(hidden)]
-    fn snapshot(&self) -> (BucketConfiguration, BucketState);
+    fn snapshot(&self, now: i64) -> (BucketConfiguration, BucketState);
 }
 
 /// Storages that can be created from a configuration and state.
 pub trait NewStorage: Storage + Sized {
-    /// Creates the storage.
+    /// Creates the storage; `monotonic_clock` says whether the bucket's clock never goes back
+    /// ([`Clock::is_monotonic`](bucket4rs_core::Clock::is_monotonic)).
     #[doc(hidden)]
-    fn new(config: BucketConfiguration, state: BucketState) -> Self;
+    fn new(config: BucketConfiguration, state: BucketState, monotonic_clock: bool) -> Self;
 }
 
 impl<S: Storage + ?Sized> Storage for &S {
@@ -72,13 +76,13 @@ impl<S: Storage + ?Sized> Storage for &S {
     ) -> Result<(O::Output, BucketConfiguration), OperationError> {
         (**self).execute_with_config(op, now)
     }
-    fn replace_with<F>(&self, f: F) -> Result<(), ConfigError>
+    fn replace_with<F>(&self, now: i64, f: F) -> Result<(), ConfigError>
     where
         F: Fn(&BucketConfiguration, &dyn Fn(usize) -> BandwidthState) -> Replacement,
     {
-        (**self).replace_with(f)
+        (**self).replace_with(now, f)
     }
-    fn snapshot(&self) -> (BucketConfiguration, BucketState) {
-        (**self).snapshot()
+    fn snapshot(&self, now: i64) -> (BucketConfiguration, BucketState) {
+        (**self).snapshot(now)
     }
 }
