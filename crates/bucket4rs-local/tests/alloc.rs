@@ -55,7 +55,14 @@ fn workload<S: Storage, L: BucketListener>(bucket: &Bucket<S, ManualClock, L>) {
 }
 
 fn zero_allocations<S: NewStorage + Storage>(bandwidths: u64) {
-    let clock = ManualClock::new(0);
+    // A clock that may go back (packed word for one lock-free bandwidth) and a monotonic one
+    // (compact word).
+    for clock in [ManualClock::new(0), ManualClock::monotonic(0)] {
+        zero_allocations_on::<S>(bandwidths, clock);
+    }
+}
+
+fn zero_allocations_on<S: NewStorage + Storage>(bandwidths: u64, clock: ManualClock) {
     let mut builder = Bucket::builder().with_clock(clock);
     for k in 0..bandwidths {
         builder = builder.add_limit(move |l| {

@@ -22,7 +22,21 @@ fn model(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
     builder.check(f);
 }
 
+/// A one-bandwidth bucket on the packed 128-bit word (a clock that may go back).
 fn bucket(capacity: u64, initial: u64) -> Arc<LockFreeBucket<ManualClock>> {
+    let b = bucket_on(capacity, initial, ManualClock::new(0));
+    assert!(b.storage().is_packed() && !b.storage().is_compact());
+    b
+}
+
+/// The same on the compact 64-bit word (a monotonic clock).
+fn compact_bucket(capacity: u64, initial: u64) -> Arc<LockFreeBucket<ManualClock>> {
+    let b = bucket_on(capacity, initial, ManualClock::monotonic(0));
+    assert!(b.storage().is_compact());
+    b
+}
+
+fn bucket_on(capacity: u64, initial: u64, clock: ManualClock) -> Arc<LockFreeBucket<ManualClock>> {
     Arc::new(
         Bucket::builder()
             .add_limit(|l| {
@@ -31,7 +45,7 @@ fn bucket(capacity: u64, initial: u64) -> Arc<LockFreeBucket<ManualClock>> {
                     .initial_tokens(initial)
                     .id("a")
             })
-            .with_clock(ManualClock::new(0))
+            .with_clock(clock)
             .build()
             .expect("valid"),
     )
@@ -100,6 +114,54 @@ fn consume_and_add_are_both_applied() {
 }
 
 #[test]
+fn compact_consume_consume_never_oversells() {
+    model(3, || consume_consume(&compact_bucket(10, 3)));
+}
+
+#[test]
+fn compact_three_consumers_take_exactly_the_balance() {
+    model(2, || {
+        let b = compact_bucket(10, 2);
+        assert_eq!(wins(&b, 3, 1), 2);
+        assert_eq!(b.available_tokens(), 0);
+    });
+}
+
+/// `add_tokens` runs on the decoded compact word (no GCRA step for it).
+#[test]
+fn compact_consume_and_add_are_both_applied() {
+    model(3, || consume_and_add(&compact_bucket(100, 1)));
+}
+
+/// A forced addition above capacity does not fit the compact word: the bucket moves to the
+/// slots while another thread consumes on the word. Both operations count, in either order,
+/// and every thread that meets the frozen word may complete the move.
+#[test]
+fn leaving_the_compact_word_under_a_racing_consumer_keeps_every_token() {
+    model(3, || {
+        let b = compact_bucket(10, 5);
+        let adder = {
+            let b = b.clone();
+            thread::spawn(move || b.force_add_tokens(20).expect("valid"))
+        };
+        let consumer = {
+            let b = b.clone();
+            thread::spawn(move || b.try_consume(2).expect("valid"))
+        };
+        adder.join().expect("no panic");
+        assert!(consumer.join().expect("no panic"), "5 tokens serve 2");
+        assert_eq!(b.available_tokens(), 23);
+        assert!(!b.storage().is_compact());
+    });
+}
+
+/// A replacement leaves the compact word (for the slots) while another thread consumes.
+#[test]
+fn compact_consume_and_replace_keep_the_balance() {
+    model(3, || consume_and_replace(&compact_bucket(10, 5)));
+}
+
+#[test]
 fn consume_and_reset_serialize() {
     model(3, || {
         let b = bucket(4, 1);
@@ -121,8 +183,11 @@ fn consume_and_reset_serialize() {
 
 #[test]
 fn consume_and_replace_keep_the_balance() {
-    model(3, || {
-        let b = bucket(10, 5);
+    model(3, || consume_and_replace(&bucket(10, 5)));
+}
+
+fn consume_and_replace(b: &Arc<LockFreeBucket<ManualClock>>) {
+    {
         let bigger = BucketConfiguration::builder()
             .add_limit(
                 Bandwidth::builder()
@@ -150,7 +215,7 @@ fn consume_and_replace_keep_the_balance() {
         // AS_IS keeps the balance in either order: 5 - 2.
         assert_eq!(b.available_tokens(), 3);
         assert_eq!(b.configuration(), bigger);
-    });
+    }
 }
 
 /// A bucket with two bandwidths: it never uses the packed word, only the slot protocol.

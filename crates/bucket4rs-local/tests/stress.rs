@@ -44,35 +44,49 @@ fn exact_successes<S: NewStorage + Storage + Sync>(bucket: &Bucket<S, ManualCloc
     successes.load(Ordering::Relaxed)
 }
 
-#[test]
-fn lock_free_grants_exactly_the_capacity_and_really_retries() {
-    let mut retries = 0;
-    for _ in 0..100 {
-        let bucket = hourly::<LockFree>(ManualClock::new(0));
-        assert!(
-            bucket.storage().is_packed(),
-            "one bandwidth runs on the packed word"
-        );
-        assert_eq!(exact_successes(&bucket), TOKENS);
-        assert_eq!(bucket.available_tokens(), 0);
-        assert!(bucket.storage().is_packed());
-        retries += bucket.storage().contention_retries();
-    }
-    // The compare-and-swap loop must actually have been exercised by contention.
-    assert!(
-        retries > 0,
-        "no CAS retry in 100 contended runs: the stress test proves nothing"
-    );
+/// The two one-bandwidth words: packed (a clock that may go back) and compact (monotonic).
+fn one_word_clocks() -> [(ManualClock, bool); 2] {
+    [
+        (ManualClock::new(0), false),
+        (ManualClock::monotonic(0), true),
+    ]
 }
 
-/// A debt too deep for the packed word, taken and given back while 8 threads consume, moves
+#[test]
+fn lock_free_grants_exactly_the_capacity_and_really_retries() {
+    for (clock, compact) in one_word_clocks() {
+        let mut retries = 0;
+        for _ in 0..100 {
+            let bucket = hourly::<LockFree>(clock.clone());
+            assert!(
+                bucket.storage().is_packed(),
+                "one bandwidth runs on one word"
+            );
+            assert_eq!(bucket.storage().is_compact(), compact);
+            assert_eq!(exact_successes(&bucket), TOKENS);
+            assert_eq!(bucket.available_tokens(), 0);
+            assert_eq!(bucket.storage().is_compact(), compact);
+            assert!(bucket.storage().is_packed());
+            retries += bucket.storage().contention_retries();
+        }
+        // The compare-and-swap loop must actually have been exercised by contention.
+        assert!(
+            retries > 0,
+            "no CAS retry in 100 contended runs (compact: {compact}): the test proves nothing"
+        );
+    }
+}
+
+/// A forced addition beyond what the one-bandwidth word holds (above capacity for the compact
+/// word, beyond 62 bits for the packed one), made and taken back while 8 threads consume, moves
 /// the bucket to the slots mid-run: every token is still counted.
 #[test]
 fn leaving_packed_mode_mid_run_keeps_every_token() {
-    // 1,000 per hour: a token is 3.6e9 scaled units, so 10^9 tokens of debt exceed 62 bits.
-    const DEBT: u64 = 1_000_000_000;
-    for _ in 0..20 {
-        let bucket = hourly::<LockFree>(ManualClock::new(0));
+    // 1,000 per hour: a token is 3.6e9 scaled units, so 10^9 extra tokens exceed 62 bits.
+    const EXTRA: u64 = 1_000_000_000;
+    for (clock, compact) in one_word_clocks().into_iter().cycle().take(40) {
+        let bucket = hourly::<LockFree>(clock.clone());
+        assert_eq!(bucket.storage().is_compact(), compact);
         let successes = AtomicU64::new(0);
         let barrier = Barrier::new(THREADS + 1);
         std::thread::scope(|s| {
@@ -91,13 +105,13 @@ fn leaving_packed_mode_mid_run_keeps_every_token() {
             s.spawn(|| {
                 barrier.wait();
                 std::thread::yield_now();
-                bucket.consume_ignoring_rate_limits(DEBT).expect("valid");
-                bucket.force_add_tokens(DEBT).expect("valid");
+                bucket.force_add_tokens(EXTRA).expect("valid");
+                bucket.consume_ignoring_rate_limits(EXTRA).expect("valid");
             });
         });
         assert!(
             !bucket.storage().is_packed(),
-            "the debt moved the bucket to the slots"
+            "the forced addition moved the bucket to the slots"
         );
         let taken = successes.load(Ordering::Relaxed);
         assert!(taken <= TOKENS);
@@ -142,14 +156,15 @@ fn two_bandwidths_lock_free_grant_exactly_the_smaller_capacity() {
 
 /// Producers force-add tokens while consumers take them; the final balance is exactly
 /// added − consumed.
-fn mixed_workload<S: NewStorage + Storage + Sync>() {
+fn mixed_workload<S: NewStorage + Storage + Sync>(clock: ManualClock) {
+    // 2^30 tokens fit both one-word forms (a token is 10^9 scaled units).
     let bucket = Bucket::builder()
         .add_limit(|l| {
-            l.capacity(1 << 40)
-                .refill_greedy(1, Duration::from_secs(3600))
+            l.capacity(1 << 30)
+                .refill_greedy(1, Duration::from_secs(1))
                 .initial_tokens(0)
         })
-        .with_clock(ManualClock::new(0))
+        .with_clock(clock)
         .build_storage::<S>()
         .expect("valid");
     let consumed = AtomicU64::new(0);
@@ -189,20 +204,28 @@ fn mixed_workload<S: NewStorage + Storage + Sync>() {
 
 #[test]
 fn mixed_add_and_consume_balance_is_exact_lock_free() {
-    for _ in 0..10 {
-        mixed_workload::<LockFree>();
+    for (clock, _) in one_word_clocks() {
+        for _ in 0..10 {
+            mixed_workload::<LockFree>(clock.clone());
+        }
     }
 }
 
 #[test]
 fn mixed_add_and_consume_balance_is_exact_synchronized() {
     for _ in 0..10 {
-        mixed_workload::<Synchronized>();
+        mixed_workload::<Synchronized>(ManualClock::new(0));
     }
 }
 
 #[test]
 fn replacing_the_configuration_while_consuming_loses_no_update() {
+    for (clock, _) in one_word_clocks() {
+        replace_while_consuming(clock);
+    }
+}
+
+fn replace_while_consuming(clock: ManualClock) {
     // Capacity 10_000 in both configurations, AS_IS keeps the balance exactly: every successful
     // consume must be visible in the final balance even while replacements race with it.
     let bucket = Bucket::builder()
@@ -211,7 +234,7 @@ fn replacing_the_configuration_while_consuming_loses_no_update() {
                 .refill_greedy(1, Duration::from_secs(3600))
                 .id("a")
         })
-        .with_clock(ManualClock::new(0))
+        .with_clock(clock)
         .build()
         .expect("valid");
     let other = bucket4rs_local::BucketConfiguration::builder()
@@ -266,6 +289,10 @@ fn real_clock_never_grants_more_than_capacity_plus_refill() {
         .with_clock(FastClock)
         .build()
         .expect("valid");
+    assert!(
+        bucket.storage().is_compact(),
+        "the default clock is monotonic"
+    );
     let granted = AtomicU64::new(0);
     let start = Instant::now();
     std::thread::scope(|s| {

@@ -336,6 +336,79 @@ where
     } else {
         ManualClock::new(trace.start_nanos)
     };
+    replay_on(trace, build, clock)
+}
+
+/// Whether `trace` can run on a [monotonic](bucket4rs_core::Clock::is_monotonic) manual clock:
+/// not wall-clock based, and its clock never moves back.
+pub fn never_goes_back(trace: &Trace) -> bool {
+    !trace.wall_clock_based
+        && trace.steps.iter().all(|step| {
+            step.get("advance_nanos")
+                .and_then(Value::as_i64)
+                .is_none_or(|by| by >= 0)
+        })
+}
+
+/// Replays every trace of [`conformance_dir`] whose clock never goes back
+/// ([`never_goes_back`]) on a manual clock that declares itself monotonic — the clock under
+/// which one-bandwidth lock-free buckets keep their compact word — through the engine made by
+/// `build`. Prints `conformance: N traces, M steps passed (engine: label, monotonic clock;
+/// skipped: K ...)` and panics listing every failing trace (or when none could run).
+pub fn replay_all_monotonic<E, B>(label: &str, mut build: B) -> Summary
+where
+    E: Engine,
+    B: FnMut(BucketConfiguration, ManualClock) -> Result<E, String>,
+{
+    let dir = conformance_dir();
+    let traces = load_traces(&dir);
+    let mut summary = Summary::default();
+    let mut skipped = 0;
+    for trace in &traces {
+        if !never_goes_back(trace) {
+            skipped += 1;
+            continue;
+        }
+        summary.traces += 1;
+        match replay_on(trace, &mut build, ManualClock::monotonic(trace.start_nanos)) {
+            Ok(n) => summary.steps += n,
+            Err(e) => summary
+                .failures
+                .push(format!("{} ({}): {e}", trace.file, trace.name)),
+        }
+    }
+    println!(
+        "conformance: {} traces, {} steps passed (engine: {label}, monotonic clock; failed: {}; \
+         skipped: {skipped} whose clock goes back or is wall-clock based; dir: {})",
+        summary.traces - summary.failures.len(),
+        summary.steps,
+        summary.failures.len(),
+        dir.canonicalize().unwrap_or(dir.clone()).display()
+    );
+    assert!(
+        summary.traces > 0,
+        "no conformance trace in {} runs on a monotonic clock",
+        dir.display()
+    );
+    if !summary.failures.is_empty() {
+        let mut msg = String::new();
+        for f in &summary.failures {
+            let _ = writeln!(msg, "  {f}");
+        }
+        panic!(
+            "{} of {} traces failed on {label} (monotonic clock):\n{msg}",
+            summary.failures.len(),
+            summary.traces
+        );
+    }
+    summary
+}
+
+fn replay_on<E, B>(trace: &Trace, build: &mut B, clock: ManualClock) -> Result<usize, String>
+where
+    E: Engine,
+    B: FnMut(BucketConfiguration, ManualClock) -> Result<E, String>,
+{
     let built = configuration(&trace.bandwidths)?.and_then(|c| build(c, clock.clone()));
     let mut engine = match (built, trace.build_error) {
         (Ok(_), true) => {
