@@ -28,6 +28,11 @@
 //! the Bucket4j conformance traces identically. The default clock is [`FastClock`]
 //! (epoch-anchored, TSC-advanced nanoseconds); see its docs for why.
 //!
+//! A lock-free bucket with one greedy limit on a monotonic clock (the default) keeps its whole
+//! exact state in one 64-bit word — governor's cost: one load and at most one compare-and-swap
+//! ([`LockFree::is_compact`]); other one-limit buckets use one 128-bit word, several limits
+//! immutable snapshots published by one compare-and-swap.
+//!
 //! # Crate features
 //! - `serde`: `Serialize`/`Deserialize` for [`BucketSnapshot`] and [`SynchronizationStrategy`].
 #![forbid(unsafe_code)]
