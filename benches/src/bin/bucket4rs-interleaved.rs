@@ -51,6 +51,44 @@ fn measure(cases: &mut [Case<'_>], rounds: usize, only: &str) {
     }
 }
 
+/// Like [`measure`], with `threads` threads running each case's `runs` entry together
+/// (released by a barrier; `cases` keeps the samples); a sample is the wall time of the burst
+/// divided by all operations.
+#[allow(clippy::cast_precision_loss)]
+fn measure_threads(
+    cases: &mut [Case<'_>],
+    runs: &[&(dyn Fn() -> bool + Sync)],
+    rounds: usize,
+    threads: usize,
+) {
+    for _ in 0..rounds {
+        for (c, run) in cases.iter_mut().zip(runs) {
+            let barrier = std::sync::Barrier::new(threads);
+            let start = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|_| {
+                        s.spawn(|| {
+                            barrier.wait();
+                            let start = Instant::now();
+                            for _ in 0..BURST * 10 {
+                                black_box(run());
+                            }
+                            start
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("no panic"))
+                    .min()
+                    .expect("threads")
+            });
+            let ops = f64::from(BURST * 10) * threads as f64;
+            c.samples.push(start.elapsed().as_nanos() as f64 / ops);
+        }
+    }
+}
+
 fn report(title: &str, cases: &mut [Case<'_>], reference: &str) {
     for c in cases.iter_mut() {
         c.samples.sort_by(f64::total_cmp);
@@ -99,6 +137,22 @@ fn main() {
     let (lf, sy, un) = (slow(), slow(), slow());
     let gov = RateLimiter::direct(Quota::per_hour(NonZeroU32::MIN));
     compare("rejection path", [lf, sy, un], gov, rounds, &only);
+
+    // Two threads on one limiter, interleaved the same way: aggregate ns per operation.
+    if "contention".contains(only.as_str()) || only.is_empty() {
+        let lf = never_dry().build().expect("config");
+        let gov = RateLimiter::direct(Quota::per_second(NonZeroU32::MAX));
+        let lf_run = || lf.try_consume(1).expect("valid");
+        let gov_run = || gov.check().is_ok();
+        let runs: [&(dyn Fn() -> bool + Sync); 2] = [&lf_run, &gov_run];
+        let mut cases = [case("lock-free", lf_run), case("governor", gov_run)];
+        measure_threads(&mut cases, &runs, rounds / 4 + 1, 2);
+        report(
+            "success path, 2 threads on one limiter (aggregate ns per operation)",
+            &mut cases,
+            "governor",
+        );
+    }
 
     // The clock reads under both: on one thread the read is most of either limiter's cost.
     let (fast, quanta, gov) = (

@@ -182,6 +182,10 @@ struct Hot {
     compact: AtomicU64,
     /// How compact values read (fixed; beside the word, so the hot path touches one line).
     form: Option<CompactForm>,
+    /// Lost compare-and-swap races ([`LockFree::contention_retries`]). In the compact word's
+    /// cache line: a thread that just lost a race on that word holds the line, so counting
+    /// costs no extra transfer between cores.
+    retries: AtomicU64,
     /// The packed one-bandwidth state, or the [`SLOTS`] mode marker (see [`packed`]).
     packed: AtomicU128,
     current: AtomicU64,
@@ -230,7 +234,6 @@ pub struct LockFree {
     fast_words: Box<[AtomicI64]>,
     first_config: BucketConfiguration,
     overflow: OnceLock<Box<Overflow>>,
-    retries: AtomicU64,
 }
 
 impl NewStorage for LockFree {
@@ -267,6 +270,7 @@ impl NewStorage for LockFree {
             hot: Hot {
                 compact: AtomicU64::new(compact.unwrap_or(compact::SLOTS_WORD)),
                 form,
+                retries: AtomicU64::new(0),
                 packed: AtomicU128::new(packed.unwrap_or(packed::SLOTS_WORD)),
                 current: AtomicU64::new(0),
                 busy: core::array::from_fn(|i| AtomicBool::new(i == 0)),
@@ -281,7 +285,6 @@ impl NewStorage for LockFree {
             },
             first_config: config,
             overflow: OnceLock::new(),
-            retries: AtomicU64::new(0),
         };
         if let Some(slot) = storage.slot(0) {
             for (i, s) in state.bandwidths().iter().enumerate() {
@@ -307,7 +310,7 @@ impl LockFree {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn contention_retries(&self) -> u64 {
-        self.retries.load(Ordering::Relaxed)
+        self.hot.retries.load(Ordering::Relaxed)
     }
 
     /// Whether the bucket runs on the packed 128-bit word (one bandwidth, a state that fits, a
@@ -537,7 +540,7 @@ impl LockFree {
                 true
             }
             Err(_) => {
-                self.retries.fetch_add(1, Ordering::Relaxed);
+                self.hot.retries.fetch_add(1, Ordering::Relaxed);
                 false
             }
         }
@@ -609,7 +612,7 @@ impl LockFree {
         {
             return Ok((out, finish(config)));
         }
-        self.retries.fetch_add(1, Ordering::Relaxed);
+        self.hot.retries.fetch_add(1, Ordering::Relaxed);
         self.run_other(op, now, finish)
     }
 
@@ -658,7 +661,7 @@ impl LockFree {
                             {
                                 return Ok((out, finish(config)));
                             }
-                            self.retries.fetch_add(1, Ordering::Relaxed);
+                            self.hot.retries.fetch_add(1, Ordering::Relaxed);
                             backoff.spin();
                         }
                         // The new state does not fit the word: move to the slots for good,
@@ -717,7 +720,7 @@ impl LockFree {
                             {
                                 return Ok((out, finish(config)));
                             }
-                            self.retries.fetch_add(1, Ordering::Relaxed);
+                            self.hot.retries.fetch_add(1, Ordering::Relaxed);
                             backoff.spin();
                         }
                         // The new state does not fit the word: move to the slots for good,
