@@ -2,6 +2,7 @@
 
 use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
+use core::time::Duration;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -17,10 +18,97 @@ use crate::key::{StorageKey, StorageKeyRef};
 
 /// A key's record, kept decoded: the configuration is an `Arc` shared with the supplier that
 /// created it, the state a small vector updated in place.
+///
+/// Expiry is tracked lazily for consumptions: an operation that only takes tokens never
+/// brings the instant the bucket is full again earlier ([`DecodedWrite::Consumed`]), so the
+/// expiry computed at an earlier write stays a valid lower bound, and the exact instant is
+/// computed from the last write only once that bound has passed (or on a read). A key is
+/// therefore dropped exactly when it would have been with a TTL computed at every write.
 struct Slot {
     record: Record,
-    /// Backend-clock reading after which the key may be dropped (`None`: never).
+    /// Backend-clock reading after which the key may be dropped (`None`: never); while
+    /// `lazy` is set, a lower bound of that instant.
     expires_at: Option<i64>,
+    /// The TTL margin `expires_at` was computed with.
+    margin: Duration,
+    /// The last write, when it left the TTL uncomputed.
+    lazy: Option<LazyWrite>,
+}
+
+/// A write answered with [`DecodedWrite::Consumed`]: the key's exact expiry is
+/// `at + record.ttl(now, margin)`.
+#[derive(Clone, Copy)]
+struct LazyWrite {
+    /// The backend-clock reading of the write.
+    at: i64,
+    /// The operation's instant.
+    now: i64,
+}
+
+impl Slot {
+    fn new(record: Record, at: i64, ttl: Option<Duration>, margin: Duration) -> Self {
+        Self {
+            record,
+            expires_at: expiry(at, ttl),
+            margin,
+            lazy: None,
+        }
+    }
+
+    /// After a write at backend-clock reading `at` that gave its TTL.
+    fn updated(&mut self, at: i64, ttl: Option<Duration>, margin: Duration) {
+        self.expires_at = expiry(at, ttl);
+        self.margin = margin;
+        self.lazy = None;
+    }
+
+    /// After a write at `at` answered with [`DecodedWrite::Consumed`] (`now`: the operation's
+    /// instant): the current expiry stays as a lower bound, unless there is none to keep
+    /// (the key never expired) or it was computed with another margin.
+    fn consumed(&mut self, at: i64, now: i64, margin: Duration) {
+        if self.expires_at.is_some() && self.margin == margin {
+            self.lazy = Some(LazyWrite { at, now });
+        } else {
+            let ttl = self.record.ttl(now, margin);
+            self.updated(at, ttl, margin);
+        }
+    }
+
+    /// The exact expiry instant (`None`: never).
+    fn exact_expiry(&self) -> Option<i64> {
+        match self.lazy {
+            None => self.expires_at,
+            Some(w) => expiry(w.at, self.record.ttl(w.now, self.margin)),
+        }
+    }
+
+    /// Whether the key has expired at `now`, without updating the slot.
+    fn expired(&self, now: i64) -> bool {
+        match self.expires_at {
+            Some(bound) if now >= bound => self.exact_expiry().is_some_and(|at| now >= at),
+            _ => false,
+        }
+    }
+
+    /// Whether the key has expired at `now`; computes and keeps the exact expiry when the
+    /// lower bound has passed.
+    fn expired_mut(&mut self, now: i64) -> bool {
+        match self.expires_at {
+            Some(bound) if now >= bound => {
+                if self.lazy.is_some() {
+                    self.expires_at = self.exact_expiry();
+                    self.lazy = None;
+                }
+                self.expires_at.is_some_and(|at| now >= at)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The backend-clock reading `ttl` after `at` (`None`: never).
+fn expiry(at: i64, ttl: Option<Duration>) -> Option<i64> {
+    ttl.map(|t| at.saturating_add(i64::try_from(t.as_nanos()).unwrap_or(i64::MAX)))
 }
 
 /// Sweeps never run more often than this many new keys apart.
@@ -162,7 +250,7 @@ impl EmbeddedBackend {
         let now = self.clock.now_nanos();
         let mut dropped = 0;
         self.map.retain(|_, slot| {
-            let keep = !expired(slot, now);
+            let keep = !slot.expired_mut(now);
             if !keep {
                 dropped += 1;
             }
@@ -189,10 +277,6 @@ impl EmbeddedBackend {
             .is_ok()
     }
 
-    fn expiry(&self, now: i64, ttl: Option<core::time::Duration>) -> Option<i64> {
-        ttl.map(|t| now.saturating_add(i64::try_from(t.as_nanos()).unwrap_or(i64::MAX)))
-    }
-
     /// An absent or expired key: through the map's entry (clones the key), with the key cap
     /// and the sweeps.
     fn transact_slow(
@@ -206,19 +290,23 @@ impl EmbeddedBackend {
             let backend_now = tx.needs_backend_clock().then_some(now);
             match self.map.entry(key.to_owned()) {
                 MapEntry::Occupied(mut o) => {
-                    let live = !expired(o.get(), now);
+                    let live = !o.get_mut().expired_mut(now);
                     let current = if live {
                         Some(&mut o.get_mut().record)
                     } else {
                         None
                     };
-                    match tx.apply_decoded(current, backend_now) {
-                        DecodedWrite::Updated { ttl } => {
-                            o.get_mut().expires_at = self.expiry(now, ttl);
+                    let margin = tx.ttl_margin();
+                    match tx.apply_decoded_lazy(current, backend_now) {
+                        DecodedWrite::Updated { ttl } => o.get_mut().updated(now, ttl, margin),
+                        DecodedWrite::Consumed {
+                            now: op_now,
+                            margin,
+                        } => {
+                            o.get_mut().consumed(now, op_now, margin);
                         }
                         DecodedWrite::Created { record, ttl } => {
-                            let expires_at = self.expiry(now, ttl);
-                            *o.get_mut() = Slot { record, expires_at };
+                            *o.get_mut() = Slot::new(record, now, ttl, margin);
                         }
                         DecodedWrite::Keep if !live => {
                             o.remove();
@@ -241,13 +329,14 @@ impl EmbeddedBackend {
                         swept = true;
                         continue;
                     }
-                    match tx.apply_decoded(None, backend_now) {
+                    match tx.apply_decoded_lazy(None, backend_now) {
                         DecodedWrite::Created { record, ttl } => {
-                            let expires_at = self.expiry(now, ttl);
-                            v.insert(Slot { record, expires_at });
+                            v.insert(Slot::new(record, now, ttl, tx.ttl_margin()));
                         }
-                        // `Updated` needs a record, and none was given.
-                        DecodedWrite::Updated { .. } | DecodedWrite::Keep => {
+                        // `Updated` and `Consumed` need a record, and none was given.
+                        DecodedWrite::Updated { .. }
+                        | DecodedWrite::Consumed { .. }
+                        | DecodedWrite::Keep => {
                             self.live.fetch_sub(1, Ordering::AcqRel);
                             return Ok(());
                         }
@@ -260,10 +349,6 @@ impl EmbeddedBackend {
             }
         }
     }
-}
-
-fn expired(slot: &Slot, now: i64) -> bool {
-    slot.expires_at.is_some_and(|at| now >= at)
 }
 
 impl EmbeddedBackend {
@@ -279,15 +364,18 @@ impl EmbeddedBackend {
         // The common case, a live key: its shard's write lock through a borrowed key (no
         // key clone), the record updated in place.
         if let Some(mut slot) = self.map.get_mut(key.as_str()) {
-            if !expired(&slot, now) {
-                match tx.apply_decoded(Some(&mut slot.record), backend_now) {
-                    DecodedWrite::Updated { ttl } => slot.expires_at = self.expiry(now, ttl),
+            if !slot.expired_mut(now) {
+                match tx.apply_decoded_lazy(Some(&mut slot.record), backend_now) {
+                    DecodedWrite::Updated { ttl } => slot.updated(now, ttl, tx.ttl_margin()),
+                    DecodedWrite::Consumed {
+                        now: op_now,
+                        margin,
+                    } => {
+                        slot.consumed(now, op_now, margin);
+                    }
                     // Only for an absent key; never from a transaction given a record.
                     DecodedWrite::Created { record, ttl } => {
-                        *slot = Slot {
-                            record,
-                            expires_at: self.expiry(now, ttl),
-                        };
+                        *slot = Slot::new(record, now, ttl, tx.ttl_margin());
                     }
                     DecodedWrite::Keep => {}
                 }
@@ -325,7 +413,7 @@ impl Backend for EmbeddedBackend {
         Ok(self
             .map
             .get(key)
-            .filter(|s| !expired(s, now))
+            .filter(|s| !s.expired(now))
             .map(|s| format::encode(&s.record.config, &s.record.state)))
     }
 
@@ -334,7 +422,7 @@ impl Backend for EmbeddedBackend {
         match self.map.remove(key) {
             Some((_, slot)) => {
                 self.live.fetch_sub(1, Ordering::AcqRel);
-                Ok(!expired(&slot, now))
+                Ok(!slot.expired(now))
             }
             None => Ok(false),
         }

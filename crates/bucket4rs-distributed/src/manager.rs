@@ -1222,10 +1222,35 @@ impl<J: Job> Transaction for OpTx<'_, J> {
         current: Option<&mut format::Record>,
         backend_now: Option<i64>,
     ) -> DecodedWrite {
-        let (write, out) = self.run_decoded(current, backend_now);
+        let (write, out) = self.run_decoded(current, backend_now, false);
         self.out = Some(out);
         write
     }
+
+    fn apply_decoded_lazy(
+        &mut self,
+        current: Option<&mut format::Record>,
+        backend_now: Option<i64>,
+    ) -> DecodedWrite {
+        let (write, out) = self.run_decoded(current, backend_now, true);
+        self.out = Some(out);
+        write
+    }
+}
+
+/// Whether `command` only takes tokens when it writes (after refilling to its instant),
+/// with the configuration unchanged: then the instant the bucket is full again does not
+/// move earlier (fewer tokens never fill up sooner), so a previous expiry of the key is a
+/// lower bound of the new one ([`DecodedWrite::Consumed`]).
+fn only_takes_tokens(command: Command) -> bool {
+    matches!(
+        command,
+        Command::TryConsume(_)
+            | Command::TryConsumeAndReturnRemaining(_)
+            | Command::TryConsumeAsMuchAsPossible(_)
+            | Command::ConsumeIgnoringRateLimits(_)
+            | Command::Reserve { .. }
+    )
 }
 
 type Outcome<T> = Result<Verbose<T>, DistributedError>;
@@ -1306,8 +1331,9 @@ impl<J: Job> OpTx<'_, J> {
         &self,
         current: Option<&mut format::Record>,
         backend_now: Option<i64>,
+        lazy: bool,
     ) -> (DecodedWrite, Outcome<J::Output>) {
-        self.run_decoded_with(current, backend_now, |value, record, now| {
+        self.run_decoded_with(current, backend_now, lazy, |value, record, now| {
             Ok(Verbose {
                 value,
                 configuration: record.config.clone(),
@@ -1319,10 +1345,14 @@ impl<J: Job> OpTx<'_, J> {
 
     /// [`run_decoded`](Self::run_decoded) with the output made by `out` from the value and
     /// the record it left (borrowed), at the operation's instant.
+    ///
+    /// With `lazy` (from [`Transaction::apply_decoded_lazy`]), an update by an operation that
+    /// only takes tokens is answered with [`DecodedWrite::Consumed`], its TTL uncomputed.
     fn run_decoded_with<T>(
         &self,
         current: Option<&mut format::Record>,
         backend_now: Option<i64>,
+        lazy: bool,
         out: impl FnOnce(J::Output, &format::Record, i64) -> Result<T, DistributedError>,
     ) -> (DecodedWrite, Result<T, DistributedError>) {
         let now = match self.now(backend_now) {
@@ -1331,6 +1361,13 @@ impl<J: Job> OpTx<'_, J> {
         };
         match current {
             Some(record) => match self.job.run(record, now, self.wall) {
+                Ok((value, true)) if lazy && only_takes_tokens(self.command) => {
+                    let write = DecodedWrite::Consumed {
+                        now,
+                        margin: self.margin,
+                    };
+                    (write, out(value, record, now))
+                }
                 Ok((value, true)) => {
                     let ttl = ttl_of(&record.config, &record.state, now, self.margin);
                     (DecodedWrite::Updated { ttl }, out(value, record, now))
@@ -1405,17 +1442,41 @@ where
         current: Option<&mut format::Record>,
         backend_now: Option<i64>,
     ) -> DecodedWrite {
+        self.run_decoded(current, backend_now, false)
+    }
+
+    fn apply_decoded_lazy(
+        &mut self,
+        current: Option<&mut format::Record>,
+        backend_now: Option<i64>,
+    ) -> DecodedWrite {
+        self.run_decoded(current, backend_now, true)
+    }
+}
+
+impl<J, F, R> InspectTx<'_, J, F, R>
+where
+    J: Job,
+    F: FnMut(VerboseRef<'_, J::Output>) -> R + Send,
+    R: Send,
+{
+    fn run_decoded(
+        &mut self,
+        current: Option<&mut format::Record>,
+        backend_now: Option<i64>,
+        lazy: bool,
+    ) -> DecodedWrite {
         let f = &mut self.f;
-        let (write, out) = self
-            .tx
-            .run_decoded_with(current, backend_now, |value, record, now| {
-                Ok(f(VerboseRef {
-                    value,
-                    configuration: &record.config,
-                    state: &record.state,
-                    now_nanos: now,
-                }))
-            });
+        let (write, out) =
+            self.tx
+                .run_decoded_with(current, backend_now, lazy, |value, record, now| {
+                    Ok(f(VerboseRef {
+                        value,
+                        configuration: &record.config,
+                        state: &record.state,
+                        now_nanos: now,
+                    }))
+                });
         self.out = Some(out);
         write
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bucket4rs_core::{Bandwidth, BucketConfiguration, Clock, ManualClock};
 use bucket4rs_distributed::{
-    BackendErrorKind, DistributedError, EmbeddedBackend, ProxyManager, TimeSource,
+    Backend, BackendErrorKind, DistributedError, EmbeddedBackend, ProxyManager, TimeSource, format,
 };
 use bucket4rs_test::replay_all;
 
@@ -57,6 +57,65 @@ fn idle_key_is_dropped_exactly_when_full_again_never_earlier() {
         // A recreated bucket is indistinguishable from the kept one: full.
         assert_eq!(bucket.available_tokens().await.unwrap(), 10);
     });
+}
+
+/// Consumptions leave the expiry lower bound in place and the exact instant is computed
+/// only once the bound has passed: a busy key is never dropped, and once idle it is dropped
+/// exactly when the TTL of its last write says (one nanosecond earlier it is still there),
+/// with a margin, on the sync and the async path.
+#[test]
+fn a_busy_key_is_never_dropped_and_lazy_expiry_is_exact() {
+    let rt = runtime();
+    let margin = Duration::from_millis(700);
+    let clock = ManualClock::new(1_000);
+    let m = ProxyManager::configure(EmbeddedBackend::with_clock(clock.clone()))
+        .time_source(TimeSource::client(clock.clone()))
+        .ttl_margin(margin)
+        .build()
+        .unwrap();
+    let config = simple(10, Duration::from_secs(10)); // 1 token per second
+    let c2 = config.clone();
+    let remote = m.builder().build("busy", move || c2.clone()).unwrap();
+    let key = remote.key().clone();
+    let mut expires_at = 0;
+    for step in 0..200 {
+        // Faster than the refill at first (the bucket drains), then slower (it refills).
+        clock.advance_nanos(if step < 100 {
+            400_000_000
+        } else {
+            1_300_000_000
+        });
+        let now = clock.now_nanos();
+        let consumed = if step % 2 == 0 {
+            let b = m.in_process_bucket("busy", &config).unwrap().unwrap();
+            b.try_consume(1).unwrap().value
+        } else {
+            rt.block_on(remote.try_consume(1)).unwrap()
+        };
+        let bytes = rt.block_on(m.backend().read(&key)).unwrap();
+        let record = format::decode(&bytes.expect("a busy key is never dropped")).unwrap();
+        if consumed || step == 0 {
+            let ttl = record.ttl(now, margin).unwrap();
+            expires_at = now + i64::try_from(ttl.as_nanos()).unwrap();
+        }
+        // Probe the exact expiry, then come back (reads never update the slot).
+        clock.set_nanos(expires_at - 1);
+        assert!(
+            rt.block_on(m.backend().read(&key)).unwrap().is_some(),
+            "step {step}"
+        );
+        clock.set_nanos(expires_at);
+        assert!(
+            rt.block_on(m.backend().read(&key)).unwrap().is_none(),
+            "step {step}"
+        );
+        clock.set_nanos(now);
+    }
+    clock.set_nanos(expires_at - 1);
+    assert_eq!(m.backend().sweep(), 0);
+    clock.set_nanos(expires_at);
+    assert_eq!(m.backend().sweep(), 1);
+    assert!(m.backend().is_empty());
 }
 
 #[test]
