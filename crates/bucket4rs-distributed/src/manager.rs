@@ -841,7 +841,45 @@ impl<B: Backend> InProcessBucket<'_, B> {
         tokens: u64,
         f: impl FnMut(VerboseRef<'_, ConsumptionProbe>) -> R + Send,
     ) -> Result<R, DistributedError> {
-        let op = ops::TryConsumeAndReturnRemaining(tokens);
+        self.op_with(ops::TryConsumeAndReturnRemaining(tokens), f)
+    }
+
+    /// [`try_consume`](Self::try_consume) with the result, configuration and state lent to
+    /// `f` rather than cloned into a [`Verbose`], as
+    /// [`try_consume_and_return_remaining_with`](Self::try_consume_and_return_remaining_with)
+    /// does: for a caller that derives what it needs from the state, without the probe's
+    /// waits. The state is refilled to `now_nanos` when the tokens were consumed, and left
+    /// as stored when they were not (refill it with `bucket4rs_core::ops::Refilled`).
+    ///
+    /// # Errors
+    /// As `try_consume`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.in_process_bucket("k", &config)?.unwrap();
+    /// let left = bucket.try_consume_with(2, |v| v.value.then(|| v.state.bandwidths()[0].tokens()))?;
+    /// assert_eq!(left, Some(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume_with<R: Send>(
+        &self,
+        tokens: u64,
+        f: impl FnMut(VerboseRef<'_, bool>) -> R + Send,
+    ) -> Result<R, DistributedError> {
+        self.op_with(ops::TryConsume(tokens), f)
+    }
+
+    /// `op` with its verbose result lent to `f`.
+    fn op_with<O, R, F>(&self, op: O, f: F) -> Result<R, DistributedError>
+    where
+        O: RemoteOp,
+        O::Output: Send + Sync,
+        R: Send,
+        F: FnMut(VerboseRef<'_, O::Output>) -> R + Send,
+    {
         op.validate()?;
         let config = self.configuration;
         let supplier = move || config.clone();
@@ -930,6 +968,29 @@ pub struct Verbose<T> {
     pub state: BucketState,
     /// The clock reading the operation ran at.
     pub now_nanos: i64,
+}
+
+impl<T> Verbose<T> {
+    /// The same snapshot with the result mapped by `f`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.in_process_bucket("k", &config)?.unwrap();
+    /// let v = bucket.try_consume(1)?.map(|consumed| if consumed { "yes" } else { "no" });
+    /// assert_eq!((v.value, v.state.bandwidths()[0].tokens()), ("yes", 2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Verbose<U> {
+        Verbose {
+            value: f(self.value),
+            configuration: self.configuration,
+            state: self.state,
+            now_nanos: self.now_nanos,
+        }
+    }
 }
 
 /// An operation's result with the configuration and state it left behind, lent for the
