@@ -887,10 +887,11 @@ where
         // key has no bucket yet), the `RateLimit` value computed while the record is lent,
         // and the request decided here, so `self.inner` (the service that was polled ready)
         // is called without a clone.
-        match shared
+        // Matched by reference: the bucket (its key encoded on the stack) is not moved.
+        let in_process = shared
             .manager
-            .in_process_bucket(key.as_bytes(), plan.configuration())
-        {
+            .in_process_bucket(key.as_bytes(), plan.configuration());
+        match &in_process {
             Ok(Some(bucket)) => {
                 let remaining_header = shared.remaining_header;
                 let result = bucket.try_consume_with(cost, |v| {
