@@ -158,8 +158,11 @@ fn the_sync_path_gives_the_async_path_and_the_core_results() {
 #[derive(Debug)]
 struct EagerMap {
     clock: ManualClock,
-    map: std::sync::Mutex<std::collections::HashMap<StorageKey, (Vec<u8>, Option<i64>)>>,
+    /// Record bytes and the instant they expire at.
+    map: std::sync::Mutex<std::collections::HashMap<StorageKey, Stored>>,
 }
+
+type Stored = (Vec<u8>, Option<i64>);
 
 impl EagerMap {
     fn new(clock: &ManualClock) -> Self {
