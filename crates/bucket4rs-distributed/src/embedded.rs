@@ -24,25 +24,29 @@ use crate::key::{StorageKey, StorageKeyRef};
 /// expiry computed at an earlier write stays a valid lower bound, and the exact instant is
 /// computed from the last write only once that bound has passed (or on a read). A key is
 /// therefore dropped exactly when it would have been with a TTL computed at every write.
+///
+/// 72 bytes besides the key (the expiry fields add 16 to the 56 of a record and an
+/// `Option<i64>` expiry).
 struct Slot {
     record: Record,
-    /// Backend-clock reading after which the key may be dropped (`None`: never); while
+    /// Backend-clock reading after which the key may be dropped ([`NEVER`]: never); while
     /// `lazy` is set, a lower bound of that instant.
-    expires_at: Option<i64>,
-    /// The TTL margin `expires_at` was computed with.
-    margin: Duration,
-    /// The last write, when it left the TTL uncomputed.
-    lazy: Option<LazyWrite>,
+    expires_at: i64,
+    /// The TTL margin `expires_at` was computed with, in nanoseconds (saturated).
+    margin: u64,
+    /// The instant of the last write when it left its TTL uncomputed: the exact expiry is
+    /// then `lazy + record.ttl(lazy, margin)`. Only for operations computed at the
+    /// backend-clock reading of the write (the default time source; with a client clock
+    /// the TTL is computed at once).
+    lazy: Option<i64>,
 }
 
-/// A write answered with [`DecodedWrite::Consumed`]: the key's exact expiry is
-/// `at + record.ttl(now, margin)`.
-#[derive(Clone, Copy)]
-struct LazyWrite {
-    /// The backend-clock reading of the write.
-    at: i64,
-    /// The operation's instant.
-    now: i64,
+/// An `expires_at` that never comes (a TTL that reaches the end of the clock's range counts
+/// as never too).
+const NEVER: i64 = i64::MAX;
+
+fn nanos(margin: Duration) -> u64 {
+    u64::try_from(margin.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Slot {
@@ -50,7 +54,7 @@ impl Slot {
         Self {
             record,
             expires_at: expiry(at, ttl),
-            margin,
+            margin: nanos(margin),
             lazy: None,
         }
     }
@@ -58,57 +62,55 @@ impl Slot {
     /// After a write at backend-clock reading `at` that gave its TTL.
     fn updated(&mut self, at: i64, ttl: Option<Duration>, margin: Duration) {
         self.expires_at = expiry(at, ttl);
-        self.margin = margin;
+        self.margin = nanos(margin);
         self.lazy = None;
     }
 
     /// After a write at `at` answered with [`DecodedWrite::Consumed`] (`now`: the operation's
     /// instant): the current expiry stays as a lower bound, unless there is none to keep
-    /// (the key never expired) or it was computed with another margin.
+    /// (the key never expired), it was computed with another margin, or the operation ran
+    /// on another clock than the backend's.
     fn consumed(&mut self, at: i64, now: i64, margin: Duration) {
-        if self.expires_at.is_some() && self.margin == margin {
-            self.lazy = Some(LazyWrite { at, now });
+        if self.expires_at != NEVER && self.margin == nanos(margin) && at == now {
+            self.lazy = Some(now);
         } else {
             let ttl = self.record.ttl(now, margin);
             self.updated(at, ttl, margin);
         }
     }
 
-    /// The exact expiry instant (`None`: never).
-    fn exact_expiry(&self) -> Option<i64> {
+    /// The exact expiry instant ([`NEVER`]: never).
+    fn exact_expiry(&self) -> i64 {
         match self.lazy {
             None => self.expires_at,
-            Some(w) => expiry(w.at, self.record.ttl(w.now, self.margin)),
+            Some(at) => expiry(at, self.record.ttl(at, Duration::from_nanos(self.margin))),
         }
     }
 
     /// Whether the key has expired at `now`, without updating the slot.
     fn expired(&self, now: i64) -> bool {
-        match self.expires_at {
-            Some(bound) if now >= bound => self.exact_expiry().is_some_and(|at| now >= at),
-            _ => false,
-        }
+        now >= self.expires_at && self.expires_at != NEVER && now >= self.exact_expiry()
     }
 
     /// Whether the key has expired at `now`; computes and keeps the exact expiry when the
     /// lower bound has passed.
     fn expired_mut(&mut self, now: i64) -> bool {
-        match self.expires_at {
-            Some(bound) if now >= bound => {
-                if self.lazy.is_some() {
-                    self.expires_at = self.exact_expiry();
-                    self.lazy = None;
-                }
-                self.expires_at.is_some_and(|at| now >= at)
-            }
-            _ => false,
+        if now < self.expires_at || self.expires_at == NEVER {
+            return false;
         }
+        if self.lazy.is_some() {
+            self.expires_at = self.exact_expiry();
+            self.lazy = None;
+        }
+        now >= self.expires_at && self.expires_at != NEVER
     }
 }
 
-/// The backend-clock reading `ttl` after `at` (`None`: never).
-fn expiry(at: i64, ttl: Option<Duration>) -> Option<i64> {
-    ttl.map(|t| at.saturating_add(i64::try_from(t.as_nanos()).unwrap_or(i64::MAX)))
+/// The backend-clock reading `ttl` after `at` ([`NEVER`] for `None`).
+fn expiry(at: i64, ttl: Option<Duration>) -> i64 {
+    ttl.map_or(NEVER, |t| {
+        at.saturating_add(i64::try_from(t.as_nanos()).unwrap_or(i64::MAX))
+    })
 }
 
 /// Sweeps never run more often than this many new keys apart.
@@ -119,13 +121,17 @@ const MIN_SWEEP_INTERVAL: usize = 1024;
 /// - **Atomic per key**: a transaction runs under the write lock of the key's shard, so the
 ///   core runs once per call with no retry loop.
 /// - **Decoded records**: records are held as configuration + state, never as bytes;
-///   transactions run through [`Transaction::apply_decoded`] (no decoding, checksum,
+///   transactions run through [`Transaction::apply_decoded_lazy`] (no decoding, checksum,
 ///   encoding or buffer per call), and the backend is [in-process](Backend::is_in_process)
 ///   (the manager skips its timeout and retries). [`read`](Backend::read) encodes on demand.
 /// - **Bounded memory**: an idle key is dropped once its bucket would be full again (plus
 ///   the manager's TTL margin) — never earlier, which would hand its client a fresh bucket.
 ///   Expired keys read as absent at once and are swept when the map has doubled since the
-///   last sweep (amortised O(1) per new key), or by [`sweep`](Self::sweep).
+///   last sweep (amortised O(1) per new key), or by [`sweep`](Self::sweep). The expiry
+///   instant is computed lazily for consumptions ([`Transaction::apply_decoded_lazy`]): the
+///   one of an earlier write stays as a lower bound (taking tokens never makes a bucket full
+///   sooner), and the exact one is computed from the last write once that bound has passed —
+///   so a key is dropped exactly when a TTL computed at every write would drop it.
 /// - **Optional hard cap** ([`with_max_keys`](Self::with_max_keys)): once that many live keys
 ///   exist, a new key is refused with [`BackendErrorKind::CapacityExhausted`] (after a sweep)
 ///   rather than evicting a key whose bucket is not full.
