@@ -25,21 +25,25 @@ use crate::key::{StorageKey, StorageKeyRef};
 /// computed from the last write only once that bound has passed (or on a read). A key is
 /// therefore dropped exactly when it would have been with a TTL computed at every write.
 ///
-/// 72 bytes besides the key (the expiry fields add 16 to the 56 of a record and an
+/// 64 bytes besides the key (the expiry fields add 8 to the 56 of a record and an
 /// `Option<i64>` expiry).
 struct Slot {
     record: Record,
     /// Backend-clock reading after which the key may be dropped ([`NEVER`]: never); while
-    /// `lazy` is set, a lower bound of that instant.
+    /// `lazy` is set (not [`NOT_LAZY`]), a lower bound of that instant.
     expires_at: i64,
     /// The TTL margin `expires_at` was computed with, in nanoseconds (saturated).
     margin: u64,
-    /// The instant of the last write when it left its TTL uncomputed: the exact expiry is
-    /// then `lazy + record.ttl(lazy, margin)`. Only for operations computed at the
-    /// backend-clock reading of the write (the default time source; with a client clock
-    /// the TTL is computed at once).
-    lazy: Option<i64>,
+    /// The instant of the last write when it left its TTL uncomputed ([`NOT_LAZY`] when
+    /// it did not): the exact expiry is then `lazy + record.ttl(lazy, margin)`. Only for
+    /// operations computed at the backend-clock reading of the write (the default time
+    /// source; with a client clock the TTL is computed at once).
+    lazy: i64,
 }
+
+/// A `lazy` for a slot whose `expires_at` is exact (a write at that very reading is not
+/// made lazy).
+const NOT_LAZY: i64 = i64::MIN;
 
 /// An `expires_at` that never comes (a TTL that reaches the end of the clock's range counts
 /// as never too).
@@ -55,7 +59,7 @@ impl Slot {
             record,
             expires_at: expiry(at, ttl),
             margin: nanos(margin),
-            lazy: None,
+            lazy: NOT_LAZY,
         }
     }
 
@@ -63,7 +67,7 @@ impl Slot {
     fn updated(&mut self, at: i64, ttl: Option<Duration>, margin: Duration) {
         self.expires_at = expiry(at, ttl);
         self.margin = nanos(margin);
-        self.lazy = None;
+        self.lazy = NOT_LAZY;
     }
 
     /// After a write at `at` answered with [`DecodedWrite::Consumed`] (`now`: the operation's
@@ -71,8 +75,9 @@ impl Slot {
     /// (the key never expired), it was computed with another margin, or the operation ran
     /// on another clock than the backend's.
     fn consumed(&mut self, at: i64, now: i64, margin: Duration) {
-        if self.expires_at != NEVER && self.margin == nanos(margin) && at == now {
-            self.lazy = Some(now);
+        if self.expires_at != NEVER && self.margin == nanos(margin) && at == now && now != NOT_LAZY
+        {
+            self.lazy = now;
         } else {
             let ttl = self.record.ttl(now, margin);
             self.updated(at, ttl, margin);
@@ -82,8 +87,8 @@ impl Slot {
     /// The exact expiry instant ([`NEVER`]: never).
     fn exact_expiry(&self) -> i64 {
         match self.lazy {
-            None => self.expires_at,
-            Some(at) => expiry(at, self.record.ttl(at, Duration::from_nanos(self.margin))),
+            NOT_LAZY => self.expires_at,
+            at => expiry(at, self.record.ttl(at, Duration::from_nanos(self.margin))),
         }
     }
 
@@ -98,9 +103,9 @@ impl Slot {
         if now < self.expires_at || self.expires_at == NEVER {
             return false;
         }
-        if self.lazy.is_some() {
+        if self.lazy != NOT_LAZY {
             self.expires_at = self.exact_expiry();
-            self.lazy = None;
+            self.lazy = NOT_LAZY;
         }
         now >= self.expires_at && self.expires_at != NEVER
     }
