@@ -906,7 +906,8 @@ where
                         v.now_nanos,
                         cost,
                     );
-                    // Allowed without `X-Rate-Limit-Remaining`: nothing else to compute.
+                    // Allowed without `X-Rate-Limit-Remaining`: nothing else to compute
+                    // (`remaining` is then not read).
                     let decision = if v.value && !remaining_header {
                         Decision {
                             consumed: true,
