@@ -65,6 +65,24 @@ pub enum DecodedWrite {
         /// When the key may expire, from now.
         ttl: Option<Duration>,
     },
+    /// Only from [`Transaction::apply_decoded_lazy`]: the record passed in was updated in
+    /// place by an operation that only takes tokens (a consumption or a reservation; same
+    /// configuration), so the instant its bucket is full again did not move earlier, and an
+    /// expiry computed for the key before is still a lower bound of the new one. Its TTL
+    /// was left uncomputed: it is [`Record::ttl`]`(now, margin)` of the updated record, the
+    /// value [`Updated`](Self::Updated) would have carried.
+    ///
+    /// ```
+    /// use bucket4rs_distributed::DecodedWrite;
+    /// let w = DecodedWrite::Consumed { now: 5, margin: std::time::Duration::ZERO };
+    /// assert_ne!(w, DecodedWrite::Keep);
+    /// ```
+    Consumed {
+        /// The operation's instant (on the clock it computed with).
+        now: i64,
+        /// The manager's TTL margin.
+        margin: Duration,
+    },
 }
 
 /// The operation a transaction performs, for backends that can run some natively.
@@ -181,6 +199,20 @@ pub trait Transaction: Send {
                 (Err(_), _) => DecodedWrite::Keep,
             },
         }
+    }
+
+    /// [`apply_decoded`](Self::apply_decoded) for backends that keep track of expiry
+    /// lazily (the [`EmbeddedBackend`](crate::EmbeddedBackend)): the same, except that an
+    /// update in place by an operation that only takes tokens may be answered with
+    /// [`DecodedWrite::Consumed`], leaving the TTL for the backend to compute if and when it
+    /// needs it (once the previous expiry, a lower bound, has passed). The default calls
+    /// `apply_decoded`; the manager's transactions override it.
+    fn apply_decoded_lazy(
+        &mut self,
+        current: Option<&mut Record>,
+        backend_now: Option<i64>,
+    ) -> DecodedWrite {
+        self.apply_decoded(current, backend_now)
     }
 }
 

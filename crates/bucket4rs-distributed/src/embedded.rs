@@ -2,12 +2,14 @@
 
 use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
+use core::time::Duration;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use bucket4rs_core::{Clock, SystemNanosClock};
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as MapEntry;
+use foldhash::fast::RandomState;
 
 use crate::backend::{Backend, BackendClock, DecodedWrite, Transaction};
 use crate::error::{BackendError, BackendErrorKind};
@@ -16,10 +18,104 @@ use crate::key::{StorageKey, StorageKeyRef};
 
 /// A key's record, kept decoded: the configuration is an `Arc` shared with the supplier that
 /// created it, the state a small vector updated in place.
+///
+/// Expiry is tracked lazily for consumptions: an operation that only takes tokens never
+/// brings the instant the bucket is full again earlier ([`DecodedWrite::Consumed`]), so the
+/// expiry computed at an earlier write stays a valid lower bound, and the exact instant is
+/// computed from the last write only once that bound has passed (or on a read). A key is
+/// therefore dropped exactly when it would have been with a TTL computed at every write.
+///
+/// 64 bytes besides the key (the expiry fields add 8 to the 56 of a record and an
+/// `Option<i64>` expiry).
 struct Slot {
     record: Record,
-    /// Backend-clock reading after which the key may be dropped (`None`: never).
-    expires_at: Option<i64>,
+    /// Backend-clock reading after which the key may be dropped ([`NEVER`]: never); while
+    /// `lazy` is set (not [`NOT_LAZY`]), a lower bound of that instant.
+    expires_at: i64,
+    /// The TTL margin `expires_at` was computed with, in nanoseconds (saturated).
+    margin: u64,
+    /// The instant of the last write when it left its TTL uncomputed ([`NOT_LAZY`] when
+    /// it did not): the exact expiry is then `lazy + record.ttl(lazy, margin)`. Only for
+    /// operations computed at the backend-clock reading of the write (the default time
+    /// source; with a client clock the TTL is computed at once).
+    lazy: i64,
+}
+
+/// A `lazy` for a slot whose `expires_at` is exact (a write at that very reading is not
+/// made lazy).
+const NOT_LAZY: i64 = i64::MIN;
+
+/// An `expires_at` that never comes (a TTL that reaches the end of the clock's range counts
+/// as never too).
+const NEVER: i64 = i64::MAX;
+
+fn nanos(margin: Duration) -> u64 {
+    u64::try_from(margin.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Slot {
+    fn new(record: Record, at: i64, ttl: Option<Duration>, margin: Duration) -> Self {
+        Self {
+            record,
+            expires_at: expiry(at, ttl),
+            margin: nanos(margin),
+            lazy: NOT_LAZY,
+        }
+    }
+
+    /// After a write at backend-clock reading `at` that gave its TTL.
+    fn updated(&mut self, at: i64, ttl: Option<Duration>, margin: Duration) {
+        self.expires_at = expiry(at, ttl);
+        self.margin = nanos(margin);
+        self.lazy = NOT_LAZY;
+    }
+
+    /// After a write at `at` answered with [`DecodedWrite::Consumed`] (`now`: the operation's
+    /// instant): the current expiry stays as a lower bound, unless there is none to keep
+    /// (the key never expired), it was computed with another margin, or the operation ran
+    /// on another clock than the backend's.
+    fn consumed(&mut self, at: i64, now: i64, margin: Duration) {
+        if self.expires_at != NEVER && self.margin == nanos(margin) && at == now && now != NOT_LAZY
+        {
+            self.lazy = now;
+        } else {
+            let ttl = self.record.ttl(now, margin);
+            self.updated(at, ttl, margin);
+        }
+    }
+
+    /// The exact expiry instant ([`NEVER`]: never).
+    fn exact_expiry(&self) -> i64 {
+        match self.lazy {
+            NOT_LAZY => self.expires_at,
+            at => expiry(at, self.record.ttl(at, Duration::from_nanos(self.margin))),
+        }
+    }
+
+    /// Whether the key has expired at `now`, without updating the slot.
+    fn expired(&self, now: i64) -> bool {
+        now >= self.expires_at && self.expires_at != NEVER && now >= self.exact_expiry()
+    }
+
+    /// Whether the key has expired at `now`; computes and keeps the exact expiry when the
+    /// lower bound has passed.
+    fn expired_mut(&mut self, now: i64) -> bool {
+        if now < self.expires_at || self.expires_at == NEVER {
+            return false;
+        }
+        if self.lazy != NOT_LAZY {
+            self.expires_at = self.exact_expiry();
+            self.lazy = NOT_LAZY;
+        }
+        now >= self.expires_at && self.expires_at != NEVER
+    }
+}
+
+/// The backend-clock reading `ttl` after `at` ([`NEVER`] for `None`).
+fn expiry(at: i64, ttl: Option<Duration>) -> i64 {
+    ttl.map_or(NEVER, |t| {
+        at.saturating_add(i64::try_from(t.as_nanos()).unwrap_or(i64::MAX))
+    })
 }
 
 /// Sweeps never run more often than this many new keys apart.
@@ -30,16 +126,28 @@ const MIN_SWEEP_INTERVAL: usize = 1024;
 /// - **Atomic per key**: a transaction runs under the write lock of the key's shard, so the
 ///   core runs once per call with no retry loop.
 /// - **Decoded records**: records are held as configuration + state, never as bytes;
-///   transactions run through [`Transaction::apply_decoded`] (no decoding, checksum,
+///   transactions run through [`Transaction::apply_decoded_lazy`] (no decoding, checksum,
 ///   encoding or buffer per call), and the backend is [in-process](Backend::is_in_process)
 ///   (the manager skips its timeout and retries). [`read`](Backend::read) encodes on demand.
 /// - **Bounded memory**: an idle key is dropped once its bucket would be full again (plus
 ///   the manager's TTL margin) — never earlier, which would hand its client a fresh bucket.
 ///   Expired keys read as absent at once and are swept when the map has doubled since the
-///   last sweep (amortised O(1) per new key), or by [`sweep`](Self::sweep).
+///   last sweep (amortised O(1) per new key), or by [`sweep`](Self::sweep). The expiry
+///   instant is computed lazily for consumptions ([`Transaction::apply_decoded_lazy`]): the
+///   one of an earlier write stays as a lower bound (taking tokens never makes a bucket full
+///   sooner), and the exact one is computed from the last write once that bound has passed —
+///   so a key is dropped exactly when a TTL computed at every write would drop it.
 /// - **Optional hard cap** ([`with_max_keys`](Self::with_max_keys)): once that many live keys
 ///   exist, a new key is refused with [`BackendErrorKind::CapacityExhausted`] (after a sweep)
 ///   rather than evicting a key whose bucket is not full.
+///
+/// - **Hashing**: keys are hashed with [`foldhash`]'s `fast::RandomState` (the default of
+///   `hashbrown`), seeded at random per map, rather than std's SipHash-1-3: about a tenth of
+///   the instructions for a short key, which matters on a per-request path. Keys are often
+///   chosen by clients (IP addresses, API keys), so the hasher must resist hash flooding;
+///   foldhash's per-map random seed is the common trade-off (an attacker cannot precompute
+///   colliding keys offline), though it does not claim SipHash's cryptographic strength
+///   against an adversary who can observe timings at length.
 ///
 /// Why `dashmap`: its `entry` API gives an exclusive per-shard lock for a read-modify-write
 /// without a per-key mutex or a compare-and-swap loop; it is mature, widely used, and its
@@ -66,7 +174,7 @@ const MIN_SWEEP_INTERVAL: usize = 1024;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct EmbeddedBackend {
-    map: DashMap<StorageKey, Slot>,
+    map: DashMap<StorageKey, Slot, RandomState>,
     clock: Arc<dyn Clock + Send + Sync>,
     max_keys: Option<usize>,
     live: AtomicUsize,
@@ -107,7 +215,7 @@ impl EmbeddedBackend {
     /// ```
     pub fn with_clock(clock: impl Clock + Send + Sync + 'static) -> Self {
         Self {
-            map: DashMap::new(),
+            map: DashMap::with_hasher(RandomState::default()),
             clock: Arc::new(clock),
             max_keys: None,
             live: AtomicUsize::new(0),
@@ -153,7 +261,7 @@ impl EmbeddedBackend {
         let now = self.clock.now_nanos();
         let mut dropped = 0;
         self.map.retain(|_, slot| {
-            let keep = !expired(slot, now);
+            let keep = !slot.expired_mut(now);
             if !keep {
                 dropped += 1;
             }
@@ -180,10 +288,6 @@ impl EmbeddedBackend {
             .is_ok()
     }
 
-    fn expiry(&self, now: i64, ttl: Option<core::time::Duration>) -> Option<i64> {
-        ttl.map(|t| now.saturating_add(i64::try_from(t.as_nanos()).unwrap_or(i64::MAX)))
-    }
-
     /// An absent or expired key: through the map's entry (clones the key), with the key cap
     /// and the sweeps.
     fn transact_slow(
@@ -197,19 +301,23 @@ impl EmbeddedBackend {
             let backend_now = tx.needs_backend_clock().then_some(now);
             match self.map.entry(key.to_owned()) {
                 MapEntry::Occupied(mut o) => {
-                    let live = !expired(o.get(), now);
+                    let live = !o.get_mut().expired_mut(now);
                     let current = if live {
                         Some(&mut o.get_mut().record)
                     } else {
                         None
                     };
-                    match tx.apply_decoded(current, backend_now) {
-                        DecodedWrite::Updated { ttl } => {
-                            o.get_mut().expires_at = self.expiry(now, ttl);
+                    let margin = tx.ttl_margin();
+                    match tx.apply_decoded_lazy(current, backend_now) {
+                        DecodedWrite::Updated { ttl } => o.get_mut().updated(now, ttl, margin),
+                        DecodedWrite::Consumed {
+                            now: op_now,
+                            margin,
+                        } => {
+                            o.get_mut().consumed(now, op_now, margin);
                         }
                         DecodedWrite::Created { record, ttl } => {
-                            let expires_at = self.expiry(now, ttl);
-                            *o.get_mut() = Slot { record, expires_at };
+                            *o.get_mut() = Slot::new(record, now, ttl, margin);
                         }
                         DecodedWrite::Keep if !live => {
                             o.remove();
@@ -232,13 +340,14 @@ impl EmbeddedBackend {
                         swept = true;
                         continue;
                     }
-                    match tx.apply_decoded(None, backend_now) {
+                    match tx.apply_decoded_lazy(None, backend_now) {
                         DecodedWrite::Created { record, ttl } => {
-                            let expires_at = self.expiry(now, ttl);
-                            v.insert(Slot { record, expires_at });
+                            v.insert(Slot::new(record, now, ttl, tx.ttl_margin()));
                         }
-                        // `Updated` needs a record, and none was given.
-                        DecodedWrite::Updated { .. } | DecodedWrite::Keep => {
+                        // `Updated` and `Consumed` need a record, and none was given.
+                        DecodedWrite::Updated { .. }
+                        | DecodedWrite::Consumed { .. }
+                        | DecodedWrite::Keep => {
                             self.live.fetch_sub(1, Ordering::AcqRel);
                             return Ok(());
                         }
@@ -251,10 +360,6 @@ impl EmbeddedBackend {
             }
         }
     }
-}
-
-fn expired(slot: &Slot, now: i64) -> bool {
-    slot.expires_at.is_some_and(|at| now >= at)
 }
 
 impl EmbeddedBackend {
@@ -270,15 +375,18 @@ impl EmbeddedBackend {
         // The common case, a live key: its shard's write lock through a borrowed key (no
         // key clone), the record updated in place.
         if let Some(mut slot) = self.map.get_mut(key.as_str()) {
-            if !expired(&slot, now) {
-                match tx.apply_decoded(Some(&mut slot.record), backend_now) {
-                    DecodedWrite::Updated { ttl } => slot.expires_at = self.expiry(now, ttl),
+            if !slot.expired_mut(now) {
+                match tx.apply_decoded_lazy(Some(&mut slot.record), backend_now) {
+                    DecodedWrite::Updated { ttl } => slot.updated(now, ttl, tx.ttl_margin()),
+                    DecodedWrite::Consumed {
+                        now: op_now,
+                        margin,
+                    } => {
+                        slot.consumed(now, op_now, margin);
+                    }
                     // Only for an absent key; never from a transaction given a record.
                     DecodedWrite::Created { record, ttl } => {
-                        *slot = Slot {
-                            record,
-                            expires_at: self.expiry(now, ttl),
-                        };
+                        *slot = Slot::new(record, now, ttl, tx.ttl_margin());
                     }
                     DecodedWrite::Keep => {}
                 }
@@ -316,7 +424,7 @@ impl Backend for EmbeddedBackend {
         Ok(self
             .map
             .get(key)
-            .filter(|s| !expired(s, now))
+            .filter(|s| !s.expired(now))
             .map(|s| format::encode(&s.record.config, &s.record.state)))
     }
 
@@ -325,7 +433,7 @@ impl Backend for EmbeddedBackend {
         match self.map.remove(key) {
             Some((_, slot)) => {
                 self.live.fetch_sub(1, Ordering::AcqRel);
-                Ok(!expired(&slot, now))
+                Ok(!slot.expired(now))
             }
             None => Ok(false),
         }

@@ -68,6 +68,26 @@ pub struct Record {
     pub state: BucketState,
 }
 
+impl Record {
+    /// How long after `now` the key may expire: the time until every bandwidth is full
+    /// again (from the state refilled to `now`), plus `margin`; `None` when it never will
+    /// be. The TTL the manager's transactions give with a write made at `now`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState};
+    /// # use bucket4rs_distributed::format::Record; use std::time::Duration;
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// assert!(state.try_consume(&config, 0, 5)?);
+    /// let record = Record { config, state };
+    /// assert_eq!(record.ttl(0, Duration::from_secs(1)), Some(Duration::from_millis(1500)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn ttl(&self, now: i64, margin: Duration) -> Option<Duration> {
+        crate::manager::ttl_of(&self.config, &self.state, now, margin)
+    }
+}
+
 fn fnv1a(bytes: impl IntoIterator<Item = u8>, mut h: u32) -> u32 {
     for b in bytes {
         h ^= b as u32;

@@ -841,7 +841,45 @@ impl<B: Backend> InProcessBucket<'_, B> {
         tokens: u64,
         f: impl FnMut(VerboseRef<'_, ConsumptionProbe>) -> R + Send,
     ) -> Result<R, DistributedError> {
-        let op = ops::TryConsumeAndReturnRemaining(tokens);
+        self.op_with(ops::TryConsumeAndReturnRemaining(tokens), f)
+    }
+
+    /// [`try_consume`](Self::try_consume) with the result, configuration and state lent to
+    /// `f` rather than cloned into a [`Verbose`], as
+    /// [`try_consume_and_return_remaining_with`](Self::try_consume_and_return_remaining_with)
+    /// does: for a caller that derives what it needs from the state, without the probe's
+    /// waits. The state is refilled to `now_nanos` when the tokens were consumed, and left
+    /// as stored when they were not (refill it with `bucket4rs_core::ops::Refilled`).
+    ///
+    /// # Errors
+    /// As `try_consume`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.in_process_bucket("k", &config)?.unwrap();
+    /// let left = bucket.try_consume_with(2, |v| v.value.then(|| v.state.bandwidths()[0].tokens()))?;
+    /// assert_eq!(left, Some(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume_with<R: Send>(
+        &self,
+        tokens: u64,
+        f: impl FnMut(VerboseRef<'_, bool>) -> R + Send,
+    ) -> Result<R, DistributedError> {
+        self.op_with(ops::TryConsume(tokens), f)
+    }
+
+    /// `op` with its verbose result lent to `f`.
+    fn op_with<O, R, F>(&self, op: O, f: F) -> Result<R, DistributedError>
+    where
+        O: RemoteOp,
+        O::Output: Send + Sync,
+        R: Send,
+        F: FnMut(VerboseRef<'_, O::Output>) -> R + Send,
+    {
         op.validate()?;
         let config = self.configuration;
         let supplier = move || config.clone();
@@ -930,6 +968,29 @@ pub struct Verbose<T> {
     pub state: BucketState,
     /// The clock reading the operation ran at.
     pub now_nanos: i64,
+}
+
+impl<T> Verbose<T> {
+    /// The same snapshot with the result mapped by `f`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let bucket = manager.in_process_bucket("k", &config)?.unwrap();
+    /// let v = bucket.try_consume(1)?.map(|consumed| if consumed { "yes" } else { "no" });
+    /// assert_eq!((v.value, v.state.bandwidths()[0].tokens()), ("yes", 2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Verbose<U> {
+        Verbose {
+            value: f(self.value),
+            configuration: self.configuration,
+            state: self.state,
+            now_nanos: self.now_nanos,
+        }
+    }
 }
 
 /// An operation's result with the configuration and state it left behind, lent for the
@@ -1222,10 +1283,35 @@ impl<J: Job> Transaction for OpTx<'_, J> {
         current: Option<&mut format::Record>,
         backend_now: Option<i64>,
     ) -> DecodedWrite {
-        let (write, out) = self.run_decoded(current, backend_now);
+        let (write, out) = self.run_decoded(current, backend_now, false);
         self.out = Some(out);
         write
     }
+
+    fn apply_decoded_lazy(
+        &mut self,
+        current: Option<&mut format::Record>,
+        backend_now: Option<i64>,
+    ) -> DecodedWrite {
+        let (write, out) = self.run_decoded(current, backend_now, true);
+        self.out = Some(out);
+        write
+    }
+}
+
+/// Whether `command` only takes tokens when it writes (after refilling to its instant),
+/// with the configuration unchanged: then the instant the bucket is full again does not
+/// move earlier (fewer tokens never fill up sooner), so a previous expiry of the key is a
+/// lower bound of the new one ([`DecodedWrite::Consumed`]).
+fn only_takes_tokens(command: Command) -> bool {
+    matches!(
+        command,
+        Command::TryConsume(_)
+            | Command::TryConsumeAndReturnRemaining(_)
+            | Command::TryConsumeAsMuchAsPossible(_)
+            | Command::ConsumeIgnoringRateLimits(_)
+            | Command::Reserve { .. }
+    )
 }
 
 type Outcome<T> = Result<Verbose<T>, DistributedError>;
@@ -1306,8 +1392,9 @@ impl<J: Job> OpTx<'_, J> {
         &self,
         current: Option<&mut format::Record>,
         backend_now: Option<i64>,
+        lazy: bool,
     ) -> (DecodedWrite, Outcome<J::Output>) {
-        self.run_decoded_with(current, backend_now, |value, record, now| {
+        self.run_decoded_with(current, backend_now, lazy, |value, record, now| {
             Ok(Verbose {
                 value,
                 configuration: record.config.clone(),
@@ -1319,10 +1406,14 @@ impl<J: Job> OpTx<'_, J> {
 
     /// [`run_decoded`](Self::run_decoded) with the output made by `out` from the value and
     /// the record it left (borrowed), at the operation's instant.
+    ///
+    /// With `lazy` (from [`Transaction::apply_decoded_lazy`]), an update by an operation that
+    /// only takes tokens is answered with [`DecodedWrite::Consumed`], its TTL uncomputed.
     fn run_decoded_with<T>(
         &self,
         current: Option<&mut format::Record>,
         backend_now: Option<i64>,
+        lazy: bool,
         out: impl FnOnce(J::Output, &format::Record, i64) -> Result<T, DistributedError>,
     ) -> (DecodedWrite, Result<T, DistributedError>) {
         let now = match self.now(backend_now) {
@@ -1331,6 +1422,13 @@ impl<J: Job> OpTx<'_, J> {
         };
         match current {
             Some(record) => match self.job.run(record, now, self.wall) {
+                Ok((value, true)) if lazy && only_takes_tokens(self.command) => {
+                    let write = DecodedWrite::Consumed {
+                        now,
+                        margin: self.margin,
+                    };
+                    (write, out(value, record, now))
+                }
                 Ok((value, true)) => {
                     let ttl = ttl_of(&record.config, &record.state, now, self.margin);
                     (DecodedWrite::Updated { ttl }, out(value, record, now))
@@ -1405,17 +1503,41 @@ where
         current: Option<&mut format::Record>,
         backend_now: Option<i64>,
     ) -> DecodedWrite {
+        self.run_decoded(current, backend_now, false)
+    }
+
+    fn apply_decoded_lazy(
+        &mut self,
+        current: Option<&mut format::Record>,
+        backend_now: Option<i64>,
+    ) -> DecodedWrite {
+        self.run_decoded(current, backend_now, true)
+    }
+}
+
+impl<J, F, R> InspectTx<'_, J, F, R>
+where
+    J: Job,
+    F: FnMut(VerboseRef<'_, J::Output>) -> R + Send,
+    R: Send,
+{
+    fn run_decoded(
+        &mut self,
+        current: Option<&mut format::Record>,
+        backend_now: Option<i64>,
+        lazy: bool,
+    ) -> DecodedWrite {
         let f = &mut self.f;
-        let (write, out) = self
-            .tx
-            .run_decoded_with(current, backend_now, |value, record, now| {
-                Ok(f(VerboseRef {
-                    value,
-                    configuration: &record.config,
-                    state: &record.state,
-                    now_nanos: now,
-                }))
-            });
+        let (write, out) =
+            self.tx
+                .run_decoded_with(current, backend_now, lazy, |value, record, now| {
+                    Ok(f(VerboseRef {
+                        value,
+                        configuration: &record.config,
+                        state: &record.state,
+                        now_nanos: now,
+                    }))
+                });
         self.out = Some(out);
         write
     }

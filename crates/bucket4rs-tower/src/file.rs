@@ -5,6 +5,7 @@ use core::time::Duration;
 use std::collections::{BTreeMap, HashMap};
 
 use bucket4rs_core::{Bandwidth, BucketConfiguration};
+use foldhash::fast::RandomState;
 use toml::{Table, Value};
 
 use crate::plan::{Plan, PlanResolver};
@@ -106,7 +107,9 @@ impl core::error::Error for PlansError {}
 #[derive(Clone, Debug)]
 pub struct PlanTable {
     plans: BTreeMap<String, Plan>,
-    keys: HashMap<String, Plan>,
+    /// Seeded at random per table (`foldhash`): looked up by client-supplied keys on every
+    /// request, so fast, but not predictable.
+    keys: HashMap<String, Plan, RandomState>,
 }
 
 impl PlanResolver for PlanTable {
@@ -186,7 +189,7 @@ impl PlanTable {
             let config = parse_plan(v, &path)?;
             plans.insert(name.clone(), Plan::new(name.as_str(), config));
         }
-        let mut keys = HashMap::new();
+        let mut keys = HashMap::with_hasher(RandomState::default());
         if let Some(keys_v) = root.get("keys") {
             for (key, v) in expect_table(keys_v, "keys")? {
                 let path = format!("keys.{key}");

@@ -178,11 +178,16 @@ pub(crate) fn ratelimit_header(
     let mut at = 0;
     for (i, (q, single)) in quotas.iter().zip(singles).enumerate() {
         let view = Refilled::new(single, now, |_| states[i]);
-        let remaining = u64::try_from(view.get(0).tokens())
-            .unwrap_or(0)
-            .min(SF_INT_MAX);
-        let wait = view.request_wait(cost, true);
-        let t = ceil_secs(wait).min(SF_INT_MAX);
+        let tokens = u64::try_from(view.get(0).tokens()).unwrap_or(0);
+        let remaining = tokens.min(SF_INT_MAX);
+        let t = if cost <= tokens && cost <= single.bandwidths()[0].capacity() {
+            // Enough tokens now, for a cost the bandwidth can ever hold (force-added tokens
+            // can exceed the capacity): no wait, as `request_wait` says, without its
+            // arithmetic.
+            0
+        } else {
+            ceil_secs(view.request_wait(cost, true)).min(SF_INT_MAX)
+        };
         if i > 0 {
             put(buf, &mut at, b", ");
         }

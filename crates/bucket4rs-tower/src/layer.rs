@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bucket4rs_core::TokensInheritanceStrategy;
-use bucket4rs_core::{BucketConfiguration, ConsumptionProbe};
+use bucket4rs_core::ops::Refilled;
+use bucket4rs_core::{BucketConfiguration, BucketState, ConsumptionProbe};
 use bucket4rs_distributed::{
     Backend, BackendError, BackendErrorKind, DistributedError, EmbeddedBackend, FailurePolicy,
-    ProxyManager, RemoteBucket, StorageKey, Transaction, Verbose,
+    ProxyManager, RemoteBucket, StorageKey, Transaction, Verbose, VerboseRef,
 };
 use bytes::Bytes;
 use http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
@@ -612,13 +613,91 @@ fn verdict<ResBody: From<Bytes>>(
         v.now_nanos,
         cost,
     );
-    verdict_of(effective, &v.value, ratelimit, cost, remaining_header)
+    verdict_of(
+        effective,
+        &Decision::of_probe(&v.value),
+        ratelimit,
+        cost,
+        remaining_header,
+    )
 }
 
-/// [`verdict`] from the probe and the `RateLimit` value.
+/// What the layer needs from a bucket's answer: the fields of a [`ConsumptionProbe`] it
+/// reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Decision {
+    consumed: bool,
+    /// Tokens left over all bandwidths (after the request when it was consumed).
+    remaining: u64,
+    /// Until the request could be served (0 when consumed; [`NEVER`] when never).
+    wait: u64,
+}
+
+impl Decision {
+    fn of_probe(probe: &ConsumptionProbe) -> Self {
+        Self {
+            consumed: probe.is_consumed(),
+            remaining: probe.remaining_tokens(),
+            wait: probe.nanos_to_wait_for_refill(),
+        }
+    }
+
+    /// The decision of a `try_consume(cost)` that answered `consumed` and left `state`
+    /// (at instant `now`): the values `try_consume_and_return_remaining(cost)` would have
+    /// reported (the same core functions on the same refilled state), without the probe's
+    /// wait for a full bucket.
+    fn of_try_consume(
+        consumed: bool,
+        config: &BucketConfiguration,
+        state: &BucketState,
+        now: i64,
+        cost: u64,
+    ) -> Self {
+        let b = state.bandwidths();
+        let view = Refilled::new(config, now, |i| b.get(i).copied().unwrap_or_default());
+        // Consumed: the state is the one after consuming `cost`, whose balance is the
+        // probe's `available - cost`.
+        let remaining = u64::try_from(view.available()).unwrap_or(0);
+        let wait = if consumed {
+            0
+        } else {
+            view.request_wait(cost, true)
+        };
+        Self {
+            consumed,
+            remaining,
+            wait,
+        }
+    }
+
+    /// The full probe of a `try_consume(cost)` from its lent snapshot, as
+    /// `try_consume_and_return_remaining(cost)` reports it (for the rare paths, which take
+    /// a `Verbose<ConsumptionProbe>`).
+    fn probe_of_try_consume(v: &VerboseRef<'_, bool>, cost: u64) -> ConsumptionProbe {
+        probe_of(v.value, v.configuration, v.state, v.now_nanos, cost)
+    }
+}
+
+/// [`Decision::probe_of_try_consume`] from the parts of the snapshot.
+fn probe_of(
+    consumed: bool,
+    config: &BucketConfiguration,
+    state: &BucketState,
+    now: i64,
+    cost: u64,
+) -> ConsumptionProbe {
+    let d = Decision::of_try_consume(consumed, config, state, now, cost);
+    let b = state.bandwidths();
+    let view = Refilled::new(config, now, |i| b.get(i).copied().unwrap_or_default());
+    // Consumed: the state is the one after consuming, whose wait for a full bucket is the
+    // probe's `reset_wait(cost)` of the state before.
+    ConsumptionProbe::new(d.consumed, d.remaining, d.wait, view.reset_wait(0))
+}
+
+/// [`verdict`] from the decision and the `RateLimit` value.
 fn verdict_of<ResBody: From<Bytes>>(
     effective: &Plan,
-    probe: &ConsumptionProbe,
+    decision: &Decision,
     ratelimit: Option<HeaderValue>,
     cost: u64,
     remaining_header: bool,
@@ -626,15 +705,15 @@ fn verdict_of<ResBody: From<Bytes>>(
     let headers = RateHeaders {
         policy: effective.policy_header().clone(),
         ratelimit,
-        remaining: remaining_header.then(|| probe.remaining_tokens()),
+        remaining: remaining_header.then_some(decision.remaining),
     };
-    if probe.is_consumed() {
+    if decision.consumed {
         return Verdict::Allow(headers);
     }
-    if probe.nanos_to_wait_for_refill() >= NEVER {
+    if decision.wait >= NEVER {
         return Verdict::Answer(cost_exceeds_capacity(effective, cost));
     }
-    let retry = headers::ceil_secs(probe.nanos_to_wait_for_refill());
+    let retry = headers::ceil_secs(decision.wait);
     let mut resp = problem::too_many_requests(
         retry,
         Problem::new(
@@ -643,7 +722,7 @@ fn verdict_of<ResBody: From<Bytes>>(
         )
         .with("plan", effective.name())
         .with("cost", cost)
-        .with("remaining", probe.remaining_tokens()),
+        .with("remaining", decision.remaining),
     );
     headers.apply(resp.headers_mut());
     Verdict::Answer(resp)
@@ -653,7 +732,7 @@ fn verdict_of<ResBody: From<Bytes>>(
 /// response needs (computed while the record is lent, so nothing is cloned); under another
 /// configuration, an owned snapshot for the rare path.
 enum InProcess {
-    Current(ConsumptionProbe, Option<HeaderValue>),
+    Current(Decision, Option<HeaderValue>),
     Stale(Verbose<ConsumptionProbe>),
 }
 
@@ -808,40 +887,67 @@ where
         // key has no bucket yet), the `RateLimit` value computed while the record is lent,
         // and the request decided here, so `self.inner` (the service that was polled ready)
         // is called without a clone.
-        match shared
+        // Matched by reference: the bucket (its key encoded on the stack) is not moved.
+        let in_process = shared
             .manager
-            .in_process_bucket(key.as_bytes(), plan.configuration())
-        {
+            .in_process_bucket(key.as_bytes(), plan.configuration());
+        match &in_process {
             Ok(Some(bucket)) => {
-                let result = bucket.try_consume_and_return_remaining_with(cost, |v| {
-                    if same_config(v.configuration, plan.configuration()) {
-                        let ratelimit = headers::ratelimit_header(
-                            plan.quotas(),
-                            plan.singles(),
+                let remaining_header = shared.remaining_header;
+                let result = bucket.try_consume_with(cost, |v| {
+                    if !same_config(v.configuration, plan.configuration()) {
+                        let probe = Decision::probe_of_try_consume(&v, cost);
+                        return InProcess::Stale(v.to_verbose().map(|_| probe));
+                    }
+                    let ratelimit = headers::ratelimit_header(
+                        plan.quotas(),
+                        plan.singles(),
+                        v.state,
+                        v.now_nanos,
+                        cost,
+                    );
+                    // Allowed without `X-Rate-Limit-Remaining`: nothing else to compute
+                    // (`remaining` is then not read).
+                    let decision = if v.value && !remaining_header {
+                        Decision {
+                            consumed: true,
+                            remaining: 0,
+                            wait: 0,
+                        }
+                    } else {
+                        Decision::of_try_consume(
+                            v.value,
+                            v.configuration,
                             v.state,
                             v.now_nanos,
                             cost,
-                        );
-                        InProcess::Current(v.value, ratelimit)
-                    } else {
-                        InProcess::Stale(v.to_verbose())
-                    }
+                        )
+                    };
+                    InProcess::Current(decision, ratelimit)
                 });
                 let result = match result {
-                    Ok(InProcess::Current(probe, ratelimit)) => {
-                        let state = match verdict_of(
-                            &plan,
-                            &probe,
-                            ratelimit,
-                            cost,
-                            shared.remaining_header,
-                        ) {
-                            Verdict::Allow(headers) => State::Calling {
+                    // The common outcome, built in place (no intermediate state to move).
+                    Ok(InProcess::Current(decision, ratelimit)) if decision.consumed => {
+                        return ResponseFuture {
+                            state: State::Calling {
                                 fut: self.inner.call(req),
-                                headers: Some(headers),
+                                headers: Some(RateHeaders {
+                                    policy: plan.policy_header().clone(),
+                                    ratelimit,
+                                    remaining: remaining_header.then_some(decision.remaining),
+                                }),
                             },
-                            Verdict::Answer(resp) => State::Ready { resp: Some(resp) },
                         };
+                    }
+                    Ok(InProcess::Current(decision, ratelimit)) => {
+                        let state =
+                            match verdict_of(&plan, &decision, ratelimit, cost, remaining_header) {
+                                Verdict::Allow(headers) => State::Calling {
+                                    fut: self.inner.call(req),
+                                    headers: Some(headers),
+                                },
+                                Verdict::Answer(resp) => State::Ready { resp: Some(resp) },
+                            };
                         return ResponseFuture { state };
                     }
                     Ok(InProcess::Stale(v)) => Ok(v),
@@ -919,4 +1025,174 @@ fn unavailable_response<ResBody: From<Bytes>>(why: &str) -> Response<ResBody> {
     .into_response::<ResBody>();
     r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(1u32));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bucket4rs_core::Bandwidth;
+    use bucket4rs_core::ops::TryConsumeAndReturnRemaining;
+    use core::time::Duration;
+
+    fn configs() -> Vec<BucketConfiguration> {
+        let secs = Duration::from_secs;
+        let build = |limits: Vec<Bandwidth>| {
+            let mut b = BucketConfiguration::builder();
+            for l in limits {
+                b = b.add_limit(l);
+            }
+            b.build().unwrap()
+        };
+        vec![
+            build(vec![Bandwidth::simple(10, secs(10)).unwrap()]),
+            build(vec![
+                Bandwidth::builder()
+                    .capacity(5)
+                    .refill_intervally(5, secs(3))
+                    .build()
+                    .unwrap(),
+            ]),
+            build(vec![
+                Bandwidth::builder()
+                    .capacity(10)
+                    .refill_greedy(7, Duration::from_millis(1300))
+                    .initial_tokens(2)
+                    .build()
+                    .unwrap(),
+            ]),
+            build(vec![
+                Bandwidth::builder()
+                    .capacity(3)
+                    .refill_greedy(3, secs(1))
+                    .id("burst")
+                    .build()
+                    .unwrap(),
+                Bandwidth::builder()
+                    .capacity(20)
+                    .refill_intervally(20, secs(60))
+                    .id("minute")
+                    .build()
+                    .unwrap(),
+            ]),
+        ]
+    }
+
+    /// The in-process path runs `try_consume` and derives its decision (and, on the rare
+    /// paths, the whole probe) from the state: exactly what
+    /// `try_consume_and_return_remaining` reports, with the same state change, for fresh,
+    /// overdrawn and force-filled buckets at many instants and costs.
+    #[test]
+    fn the_try_consume_decision_is_the_probe() {
+        let mut checked = 0;
+        for config in configs() {
+            let max_cap = config
+                .bandwidths()
+                .iter()
+                .map(|b| b.capacity())
+                .max()
+                .unwrap();
+            let mut starts = vec![BucketState::new(&config, 0)];
+            for k in [1, 4, 13] {
+                let mut s = BucketState::new(&config, 0);
+                s.consume_ignoring_rate_limits(&config, 0, k).unwrap();
+                starts.push(s);
+                let mut s = BucketState::new(&config, 0);
+                s.force_add_tokens(&config, 0, k).unwrap();
+                starts.push(s);
+            }
+            for start in &starts {
+                for now in [
+                    0,
+                    1,
+                    333_333_333,
+                    1_000_000_000,
+                    2_999_999_999,
+                    60_000_000_001,
+                ] {
+                    for cost in 1..=max_cap + 16 {
+                        let mut with_probe = start.clone();
+                        let probe = with_probe
+                            .apply(&config, now, &TryConsumeAndReturnRemaining(cost))
+                            .unwrap();
+                        let mut plain = start.clone();
+                        let consumed = plain.try_consume(&config, now, cost).unwrap();
+                        assert_eq!(plain, with_probe, "{config:?} at {now}, cost {cost}");
+                        assert_eq!(
+                            probe_of(consumed, &config, &plain, now, cost),
+                            probe,
+                            "{config:?} from {start:?} at {now}, cost {cost}"
+                        );
+                        assert_eq!(
+                            Decision::of_try_consume(consumed, &config, &plain, now, cost),
+                            Decision::of_probe(&probe)
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 1000);
+    }
+
+    /// The `RateLimit` value as the draft defines it, formatted plainly: per bandwidth, the
+    /// tokens left and `request_wait` in whole seconds.
+    fn reference_ratelimit(plan: &Plan, state: &BucketState, now: i64, cost: u64) -> String {
+        let states = state.bandwidths();
+        let mut items = Vec::new();
+        for (i, (q, single)) in plan.quotas().iter().zip(plan.singles()).enumerate() {
+            let view = Refilled::new(single, now, |_| states[i]);
+            let r = u64::try_from(view.get(0).tokens())
+                .unwrap_or(0)
+                .min(999_999_999_999_999);
+            let t = view
+                .request_wait(cost, true)
+                .div_ceil(1_000_000_000)
+                .min(999_999_999_999_999);
+            items.push(format!("\"{}\";r={r};t={t}", q.name()));
+        }
+        items.join(", ")
+    }
+
+    /// The `RateLimit` value (formatted on the stack, with no wait computed when the
+    /// bandwidth holds the cost) equals the plain formatting, including for force-filled
+    /// buckets above their capacity and costs above it.
+    #[test]
+    fn the_ratelimit_value_is_the_plain_one() {
+        for config in configs() {
+            let plan = Plan::new("p", config.clone());
+            let max_cap = config
+                .bandwidths()
+                .iter()
+                .map(|b| b.capacity())
+                .max()
+                .unwrap();
+            for k in [0, 2, 9, 40] {
+                for force in [false, true] {
+                    let mut state = BucketState::new(&config, 0);
+                    if force {
+                        state.force_add_tokens(&config, 0, k + 1).unwrap();
+                    } else if k > 0 {
+                        state.consume_ignoring_rate_limits(&config, 0, k).unwrap();
+                    }
+                    for now in [0, 999_999_999, 1_000_000_000, 7_000_000_001] {
+                        for cost in 1..=max_cap + 45 {
+                            let got = headers::ratelimit_header(
+                                plan.quotas(),
+                                plan.singles(),
+                                &state,
+                                now,
+                                cost,
+                            )
+                            .unwrap();
+                            assert_eq!(
+                                got.to_str().unwrap(),
+                                reference_ratelimit(&plan, &state, now, cost),
+                                "{config:?} {state:?} at {now}, cost {cost}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

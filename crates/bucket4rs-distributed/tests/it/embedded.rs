@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bucket4rs_core::{Bandwidth, BucketConfiguration, Clock, ManualClock};
 use bucket4rs_distributed::{
-    BackendErrorKind, DistributedError, EmbeddedBackend, ProxyManager, TimeSource,
+    Backend, BackendErrorKind, DistributedError, EmbeddedBackend, ProxyManager, TimeSource, format,
 };
 use bucket4rs_test::replay_all;
 
@@ -57,6 +57,67 @@ fn idle_key_is_dropped_exactly_when_full_again_never_earlier() {
         // A recreated bucket is indistinguishable from the kept one: full.
         assert_eq!(bucket.available_tokens().await.unwrap(), 10);
     });
+}
+
+/// Consumptions leave the expiry lower bound in place and the exact instant is computed
+/// only once the bound has passed: a busy key is never dropped, and once idle it is dropped
+/// exactly when the TTL of its last write says (one nanosecond earlier it is still there),
+/// with a margin, on the sync and the async path; also with a client clock ahead of the
+/// backend's (then the TTL is computed at every write).
+#[test]
+fn a_busy_key_is_never_dropped_and_lazy_expiry_is_exact() {
+    let rt = runtime();
+    let margin = Duration::from_millis(700);
+    for offset in [0, 5_000_000_000] {
+        let backend_clock = ManualClock::new(1_000);
+        let client = ManualClock::new(1_000 + offset);
+        let m = ProxyManager::configure(EmbeddedBackend::with_clock(backend_clock.clone()))
+            .time_source(TimeSource::client(client.clone()))
+            .ttl_margin(margin)
+            .build()
+            .unwrap();
+        let config = simple(10, Duration::from_secs(10)); // 1 token per second
+        let c2 = config.clone();
+        let remote = m.builder().build("busy", move || c2.clone()).unwrap();
+        let key = remote.key().clone();
+        let mut expires_at = 0;
+        for step in 0..200 {
+            // Faster than the refill at first (the bucket drains), then slower (it refills).
+            let gap = if step < 100 {
+                400_000_000
+            } else {
+                1_300_000_000
+            };
+            backend_clock.advance_nanos(gap);
+            client.advance_nanos(gap);
+            let now = backend_clock.now_nanos();
+            let consumed = if step % 2 == 0 {
+                let b = m.in_process_bucket("busy", &config).unwrap().unwrap();
+                b.try_consume(1).unwrap().value
+            } else {
+                rt.block_on(remote.try_consume(1)).unwrap()
+            };
+            let bytes = rt.block_on(m.backend().read(&key)).unwrap();
+            let record = format::decode(&bytes.expect("a busy key is never dropped")).unwrap();
+            if consumed || step == 0 {
+                let ttl = record.ttl(client.now_nanos(), margin).unwrap();
+                expires_at = now + i64::try_from(ttl.as_nanos()).unwrap();
+            }
+            // Probe the exact expiry, then come back (reads never update the slot).
+            backend_clock.set_nanos(expires_at - 1);
+            let read = rt.block_on(m.backend().read(&key)).unwrap();
+            assert!(read.is_some(), "offset {offset} step {step}");
+            backend_clock.set_nanos(expires_at);
+            let read = rt.block_on(m.backend().read(&key)).unwrap();
+            assert!(read.is_none(), "offset {offset} step {step}");
+            backend_clock.set_nanos(now);
+        }
+        backend_clock.set_nanos(expires_at - 1);
+        assert_eq!(m.backend().sweep(), 0);
+        backend_clock.set_nanos(expires_at);
+        assert_eq!(m.backend().sweep(), 1);
+        assert!(m.backend().is_empty());
+    }
 }
 
 #[test]

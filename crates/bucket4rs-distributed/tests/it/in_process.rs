@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use bucket4rs_core::{BucketState, Clock, ManualClock};
 use bucket4rs_distributed::{
     Backend, BackendError, DistributedError, EmbeddedBackend, InProcessBucket, KeyError,
-    ProxyManager, StorageKey, StorageKeyRef, TimeSource, Transaction, Verbose, format,
+    ProxyManager, StorageKey, StorageKeyRef, TimeSource, Transaction, Verbose, Write, format,
 };
 use rand::Rng;
 
@@ -74,6 +74,8 @@ fn the_sync_path_gives_the_async_path_and_the_core_results() {
         let margin = Duration::from_nanos(rng.random_range(0..=2_000_000_000));
         let a = manager(EmbeddedBackend::with_clock(clock.clone()), &clock, margin);
         let s = manager(EmbeddedBackend::with_clock(clock.clone()), &clock, margin);
+        // The reference for expiry: TTLs computed at every write, through the byte path.
+        let e = manager(EagerMap::new(&clock), &clock, margin);
         // Keys of both sides of the stack/heap limit of the sync path's key encoding.
         let user_key = if rng.random_bool(0.2) {
             "k{é}/".repeat(rng.random_range(1..=30))
@@ -82,6 +84,8 @@ fn the_sync_path_gives_the_async_path_and_the_core_results() {
         };
         let c2 = config.clone();
         let remote = a.builder().build(&user_key, move || c2.clone()).unwrap();
+        let c3 = config.clone();
+        let eager = e.builder().build(&user_key, move || c3.clone()).unwrap();
         let mut state = BucketState::new(&config, t0);
         let steps = rng.random_range(1..=40);
         for step in 0..steps {
@@ -102,6 +106,11 @@ fn the_sync_path_gives_the_async_path_and_the_core_results() {
             assert_eq!(
                 got, expected,
                 "case {case} step {step}: {op:?} on {config:?}"
+            );
+            assert_eq!(
+                rt.block_on(remote_result(op, &eager)),
+                expected,
+                "case {case} step {step}: {op:?} on {config:?} (eager TTLs)"
             );
             // The core agrees, from a new state whenever the key had none (first use, or
             // expired: the bucket would have been full again).
@@ -126,9 +135,75 @@ fn the_sync_path_gives_the_async_path_and_the_core_results() {
                 rt.block_on(a.backend().read(key)).unwrap(),
                 "case {case} step {step}: records"
             );
+            // Lazy expiry drops keys exactly when TTLs computed at every write say: just
+            // before and at the next instants either could fall on, and after this step.
+            for probe in [0, 1, rng.random_range(0..=3_000_000_000)] {
+                clock.set_nanos(now + probe);
+                assert_eq!(
+                    rt.block_on(s.backend().read(key)).unwrap(),
+                    rt.block_on(e.backend().read(key)).unwrap(),
+                    "case {case} step {step}: expiry {probe} ns later"
+                );
+            }
+            clock.set_nanos(now);
             assert_eq!(s.backend().len(), a.backend().len());
             assert_eq!(s.backend().sweep(), a.backend().sweep());
         }
+    }
+}
+
+/// A byte-map backend that honours TTLs on a manual clock: the manager computes the TTL of
+/// every write (`Write::Put`), so expiry here is exact by construction, the reference for the
+/// embedded backend's lazy expiry.
+#[derive(Debug)]
+struct EagerMap {
+    clock: ManualClock,
+    /// Record bytes and the instant they expire at.
+    map: std::sync::Mutex<std::collections::HashMap<StorageKey, Stored>>,
+}
+
+type Stored = (Vec<u8>, Option<i64>);
+
+impl EagerMap {
+    fn new(clock: &ManualClock) -> Self {
+        Self {
+            clock: clock.clone(),
+            map: std::sync::Mutex::default(),
+        }
+    }
+
+    fn live(&self, key: &StorageKey) -> Option<Vec<u8>> {
+        let now = self.clock.now_nanos();
+        let map = self.map.lock().unwrap();
+        let (bytes, expires_at) = map.get(key)?;
+        (!expires_at.is_some_and(|at| now >= at)).then(|| bytes.clone())
+    }
+}
+
+#[async_trait]
+impl Backend for EagerMap {
+    async fn transact(
+        &self,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+    ) -> Result<(), BackendError> {
+        let current = self.live(key);
+        let now = self.clock.now_nanos();
+        if let Write::Put { record, ttl } = tx.apply(current.as_deref(), None) {
+            let expires_at =
+                ttl.map(|t| now.saturating_add(i64::try_from(t.as_nanos()).unwrap_or(i64::MAX)));
+            self.map
+                .lock()
+                .unwrap()
+                .insert(key.clone(), (record, expires_at));
+        }
+        Ok(())
+    }
+    async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+        Ok(self.live(key))
+    }
+    async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
+        Ok(self.map.lock().unwrap().remove(key).is_some())
     }
 }
 
