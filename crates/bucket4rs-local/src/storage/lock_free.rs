@@ -172,9 +172,10 @@ fn stride(config: &BucketConfiguration) -> usize {
     3 * config.bandwidths().len()
 }
 
-/// What every operation on a one-bandwidth bucket touches, in one cache line: the published
-/// index and both inline slots (an operation under contention then moves one line between
-/// cores, not three).
+/// The words operations touch, one cache line per protocol, so that an operation under
+/// contention moves one line between cores: the compact word with its form and the lost-race
+/// counter (line 0); the published slot index, the busy flags and both inline slots of a
+/// one-bandwidth bucket (line 1); the packed word (line 2).
 #[derive(Debug)]
 #[repr(C, align(64))]
 struct Hot {
@@ -186,13 +187,23 @@ struct Hot {
     /// cache line: a thread that just lost a race on that word holds the line, so counting
     /// costs no extra transfer between cores.
     retries: AtomicU64,
-    /// The packed one-bandwidth state, or the [`SLOTS`] mode marker (see [`packed`]).
-    packed: AtomicU128,
+    _line1: [u64; 1],
     current: AtomicU64,
     busy: [AtomicBool; FAST],
     /// The inline slots' words when the first configuration has a single bandwidth.
     single: [AtomicI64; 3 * FAST],
+    /// The packed one-bandwidth state, or the [`SLOTS`] mode marker (see [`packed`]).
+    packed: AtomicU128,
 }
+
+// The lines above, checked (loom's atomics have other sizes).
+#[cfg(not(bucket4rs_loom))]
+const _: () = {
+    assert!(core::mem::offset_of!(Hot, retries) < 64);
+    assert!(core::mem::offset_of!(Hot, current) == 64);
+    assert!(core::mem::offset_of!(Hot, single) + 8 * 3 * FAST <= 128);
+    assert!(core::mem::offset_of!(Hot, packed) == 128);
+};
 
 #[derive(Debug, Default)]
 struct Overflow {
@@ -271,6 +282,7 @@ impl NewStorage for LockFree {
                 compact: AtomicU64::new(compact.unwrap_or(compact::SLOTS_WORD)),
                 form,
                 retries: AtomicU64::new(0),
+                _line1: [0],
                 packed: AtomicU128::new(packed.unwrap_or(packed::SLOTS_WORD)),
                 current: AtomicU64::new(0),
                 busy: core::array::from_fn(|i| AtomicBool::new(i == 0)),
@@ -313,18 +325,27 @@ impl LockFree {
         self.hot.retries.load(Ordering::Relaxed)
     }
 
-    /// Whether the bucket runs on the packed 128-bit word (one bandwidth, a state that fits, a
-    /// CPU with a native 128-bit word — x86-64 with AVX) rather than on the slots. Once it
-    /// leaves packed mode it never returns.
+    /// Whether the bucket runs on a one-bandwidth word rather than on the slots: the compact
+    /// 64-bit word ([`is_compact`](Self::is_compact)), or the packed 128-bit one (one
+    /// bandwidth whose clock may go back or whose refill is by intervals, a state that fits,
+    /// a CPU with a native 128-bit word — x86-64 with AVX). Once a bucket leaves its word it
+    /// never returns.
     ///
     /// ```
-    /// use bucket4rs_local::{Bucket, LockFreeBucket};
+    /// use bucket4rs_local::{Bucket, LockFreeBucket, ManualClock};
     /// use std::time::Duration;
+    /// // One greedy limit on the default (monotonic) clock: the compact word, on any CPU.
     /// let one: LockFreeBucket = Bucket::builder()
     ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
     ///     .build()?;
+    /// assert!(one.storage().is_packed() && one.storage().is_compact());
+    /// // A clock that may go back: the packed word where it is native.
+    /// let manual: LockFreeBucket<ManualClock> = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+    ///     .with_clock(ManualClock::new(0))
+    ///     .build()?;
     /// # #[cfg(target_arch = "x86_64")]
-    /// assert_eq!(one.storage().is_packed(), std::arch::is_x86_feature_detected!("avx"));
+    /// assert_eq!(manual.storage().is_packed(), std::arch::is_x86_feature_detected!("avx"));
     /// let two: LockFreeBucket = Bucket::builder()
     ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
     ///     .add_limit(|l| l.capacity(100).refill_greedy(100, Duration::from_secs(60)))
