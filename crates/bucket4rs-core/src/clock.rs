@@ -199,6 +199,12 @@ mod std_clocks {
     use super::Clock;
     use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+    #[cold]
+    #[inline(never)]
+    fn saturated() -> i64 {
+        i64::MAX
+    }
+
     fn epoch_nanos() -> i64 {
         match SystemTime::now().duration_since(UNIX_EPOCH) {
             Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
@@ -245,7 +251,17 @@ mod std_clocks {
     impl Clock for MonotonicClock {
         #[inline]
         fn now_nanos(&self) -> i64 {
-            i64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(i64::MAX)
+            let d = Instant::now().saturating_duration_since(self.origin);
+            // In 64-bit arithmetic with a branch to the saturation (292 years of uptime),
+            // rather than `as_nanos` in 128 bits and a conditional move.
+            match i64::try_from(d.as_secs())
+                .ok()
+                .and_then(|s| s.checked_mul(1_000_000_000))
+                .and_then(|n| n.checked_add(i64::from(d.subsec_nanos())))
+            {
+                Some(n) => n,
+                None => saturated(),
+            }
         }
         fn is_monotonic(&self) -> bool {
             true
