@@ -664,12 +664,7 @@ impl LockFree {
                         Err(CompactStop::Invalid(e)) => Step::Done(Err(e)),
                         Err(CompactStop::Decline) => {
                             let s = form.decode(v, now).to_state(b);
-                            match self.plan_state(op, s, now) {
-                                Ok((out, Some(new))) => {
-                                    Step::publish(out, compact::encode(form, b, new))
-                                }
-                                other => Step::Done(other.map(|(out, _)| out)),
-                            }
+                            self.decoded_step(op, s, now, |new| compact::encode(form, b, new))
                         }
                     };
                     match step {
@@ -724,12 +719,9 @@ impl LockFree {
                             Step::publish(out, packed::encode_scaled(new, packed::PACKED))
                         }
                         Some(other) => Step::Done(other.map(|(out, _)| out)),
-                        None => match self.plan_state(op, scaled.to_state(b), now) {
-                            Ok((out, Some(new))) => {
-                                Step::publish(out, packed::encode(b, new, packed::PACKED))
-                            }
-                            other => Step::Done(other.map(|(out, _)| out)),
-                        },
+                        None => self.decoded_step(op, scaled.to_state(b), now, |new| {
+                            packed::encode(b, new, packed::PACKED)
+                        }),
                     };
                     match step {
                         Step::Publish(out, next) => {
@@ -775,6 +767,22 @@ impl LockFree {
                 plan.write(|_, st| new = Some(st));
                 (plan.into_output(), new)
             }),
+        }
+    }
+
+    /// [`plan_state`](Self::plan_state) as a step on a one-bandwidth word: a new state is
+    /// published in the form `encode` gives it, or frozen out of the word if it has none.
+    #[inline]
+    fn decoded_step<O: Operation, W>(
+        &self,
+        op: &O,
+        s: BandwidthState,
+        now: i64,
+        encode: impl FnOnce(BandwidthState) -> Option<W>,
+    ) -> Step<O::Output, W> {
+        match self.plan_state(op, s, now) {
+            Ok((out, Some(new))) => Step::publish(out, encode(new)),
+            other => Step::Done(other.map(|(out, _)| out)),
         }
     }
 
