@@ -48,32 +48,28 @@ fn gcd(a: i64, b: i64) -> i64 {
 fn small_greedy() -> impl Strategy<Value = BucketConfiguration> {
     (1u64..1_000_000, 1u64..=u32::MAX as u64, any::<u64>()).prop_map(|(capacity, period, extra)| {
         let tokens = 1 + extra % period.min(capacity);
-        let b = Bandwidth::builder()
-            .capacity(capacity)
-            .refill_greedy(tokens, Duration::from_nanos(period))
-            .build()
-            .expect("valid");
-        BucketConfiguration::builder()
-            .add_limit(b)
-            .build()
-            .expect("valid")
+        greedy(capacity, tokens, period)
     })
+}
+
+/// A configuration of one greedy bandwidth.
+fn greedy(capacity: u64, tokens: u64, period_nanos: u64) -> BucketConfiguration {
+    let b = Bandwidth::builder()
+        .capacity(capacity)
+        .refill_greedy(tokens, Duration::from_nanos(period_nanos))
+        .build()
+        .expect("valid");
+    BucketConfiguration::builder()
+        .add_limit(b)
+        .build()
+        .expect("valid")
 }
 
 /// Greedy bandwidths whose refill divides its period in nanoseconds (rate 1 scaled unit per
 /// nanosecond, the common case, which the compact path runs without multiplication).
 fn round_greedy() -> impl Strategy<Value = BucketConfiguration> {
-    (1u64..1_000_000, 1u64..1_000_000, 1u64..1_000).prop_map(|(capacity, tokens, k)| {
-        let b = Bandwidth::builder()
-            .capacity(capacity)
-            .refill_greedy(tokens, Duration::from_nanos(tokens * k))
-            .build()
-            .expect("valid");
-        BucketConfiguration::builder()
-            .add_limit(b)
-            .build()
-            .expect("valid")
-    })
+    (1u64..1_000_000, 1u64..1_000_000, 1u64..1_000)
+        .prop_map(|(capacity, tokens, k)| greedy(capacity, tokens, tokens * k))
 }
 
 fn state() -> impl Strategy<Value = BandwidthState> {
