@@ -321,6 +321,35 @@ pub struct Summary {
     pub failures: Vec<String>,
 }
 
+impl Summary {
+    /// Counts one replayed trace: its matching steps, or its failure.
+    fn record(&mut self, trace: &Trace, result: Result<usize, String>) {
+        self.traces += 1;
+        match result {
+            Ok(n) => self.steps += n,
+            Err(e) => self
+                .failures
+                .push(format!("{} ({}): {e}", trace.file, trace.name)),
+        }
+    }
+
+    /// Panics listing every failing trace, if any, naming the `engine`.
+    fn panic_on_failures(&self, engine: &str) {
+        if self.failures.is_empty() {
+            return;
+        }
+        let mut msg = String::new();
+        for f in &self.failures {
+            let _ = writeln!(msg, "  {f}");
+        }
+        panic!(
+            "{} of {} traces failed on {engine}:\n{msg}",
+            self.failures.len(),
+            self.traces
+        );
+    }
+}
+
 /// Replays one trace. `build` makes the engine from a configuration and the shared manual
 /// clock (it must apply the clock rule V9 itself). Returns the number of matching steps.
 ///
@@ -369,13 +398,10 @@ where
             skipped += 1;
             continue;
         }
-        summary.traces += 1;
-        match replay_on(trace, &mut build, ManualClock::monotonic(trace.start_nanos)) {
-            Ok(n) => summary.steps += n,
-            Err(e) => summary
-                .failures
-                .push(format!("{} ({}): {e}", trace.file, trace.name)),
-        }
+        summary.record(
+            trace,
+            replay_on(trace, &mut build, ManualClock::monotonic(trace.start_nanos)),
+        );
     }
     println!(
         "conformance: {} traces, {} steps passed (engine: {label}, monotonic clock; failed: {}; \
@@ -390,17 +416,7 @@ where
         "no conformance trace in {} runs on a monotonic clock",
         dir.display()
     );
-    if !summary.failures.is_empty() {
-        let mut msg = String::new();
-        for f in &summary.failures {
-            let _ = writeln!(msg, "  {f}");
-        }
-        panic!(
-            "{} of {} traces failed on {label} (monotonic clock):\n{msg}",
-            summary.failures.len(),
-            summary.traces
-        );
-    }
+    summary.panic_on_failures(&format!("{label} (monotonic clock)"));
     summary
 }
 
@@ -475,13 +491,7 @@ where
     );
     let mut summary = Summary::default();
     for trace in &traces {
-        summary.traces += 1;
-        match replay(trace, &mut build) {
-            Ok(n) => summary.steps += n,
-            Err(e) => summary
-                .failures
-                .push(format!("{} ({}): {e}", trace.file, trace.name)),
-        }
+        summary.record(trace, replay(trace, &mut build));
     }
     let passed = summary.traces - summary.failures.len();
     println!(
@@ -490,16 +500,6 @@ where
         summary.failures.len(),
         dir.canonicalize().unwrap_or(dir.clone()).display()
     );
-    if !summary.failures.is_empty() {
-        let mut msg = String::new();
-        for f in &summary.failures {
-            let _ = writeln!(msg, "  {f}");
-        }
-        panic!(
-            "{} of {} traces failed on {label}:\n{msg}",
-            summary.failures.len(),
-            summary.traces
-        );
-    }
+    summary.panic_on_failures(label);
     summary
 }
