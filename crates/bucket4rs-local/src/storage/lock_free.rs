@@ -667,24 +667,20 @@ impl LockFree {
                             self.decoded_step(op, s, now, |new| compact::encode(form, b, new))
                         }
                     };
-                    match step {
-                        Step::Publish(out, next) => {
-                            if self
-                                .hot
-                                .compact
-                                .compare_exchange(w, next, Ordering::AcqRel, Ordering::Relaxed)
-                                .is_ok()
-                            {
-                                return Ok((out, finish(config)));
-                            }
-                            self.hot.retries.fetch_add(1, Ordering::Relaxed);
-                            backoff.spin();
-                        }
-                        // The new state does not fit the word: move to the slots for good,
-                        // then run the operation there.
-                        Step::Freeze => self.freeze_compact(w, now),
-                        // Nothing to write: the word was read in one atomic load.
-                        Step::Done(result) => return result.map(|out| (out, finish(config))),
+                    let cas = |next| {
+                        let word = &self.hot.compact;
+                        word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Relaxed)
+                    };
+                    let settled = self.settle(
+                        step,
+                        |next| cas(next).is_ok(),
+                        &backoff,
+                        || {
+                            self.freeze_compact(w, now);
+                        },
+                    );
+                    if let Some(result) = settled {
+                        return result.map(|out| (out, finish(config)));
                     }
                 }
                 compact::FROZEN => self.install(w),
@@ -723,30 +719,49 @@ impl LockFree {
                             packed::encode(b, new, packed::PACKED)
                         }),
                     };
-                    match step {
-                        Step::Publish(out, next) => {
-                            if self
-                                .hot
-                                .packed
-                                .compare_exchange(w, next, Ordering::AcqRel, Ordering::Relaxed)
-                                .is_ok()
-                            {
-                                return Ok((out, finish(config)));
-                            }
-                            self.hot.retries.fetch_add(1, Ordering::Relaxed);
-                            backoff.spin();
-                        }
-                        // The new state does not fit the word: move to the slots for good,
-                        // then run the operation there.
-                        Step::Freeze => self.freeze(w),
-                        // Nothing to write: the word was read in one atomic load, so the
-                        // outcome is consistent.
-                        Step::Done(result) => return result.map(|out| (out, finish(config))),
+                    let cas = |next| {
+                        let word = &self.hot.packed;
+                        word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Relaxed)
+                    };
+                    let settled =
+                        self.settle(step, |next| cas(next).is_ok(), &backoff, || self.freeze(w));
+                    if let Some(result) = settled {
+                        return result.map(|out| (out, finish(config)));
                     }
                 }
                 packed::FROZEN => self.thaw(w),
                 _ => return self.run_slots(op, now, finish),
             }
+        }
+    }
+
+    /// What a loop over a one-bandwidth word does with one attempt's `step`: the output to
+    /// return, or `None` to reload and try again — after a lost race (counted, then backing
+    /// off) or after `freeze` moved the bucket off the word because the new state does not
+    /// fit it. A step that writes nothing is returned as it is: the word was read in one
+    /// atomic load, so the outcome is consistent.
+    #[inline]
+    fn settle<Out, W>(
+        &self,
+        step: Step<Out, W>,
+        cas: impl FnOnce(W) -> bool,
+        backoff: &Backoff,
+        freeze: impl FnOnce(),
+    ) -> Option<Result<Out, OperationError>> {
+        match step {
+            Step::Publish(out, next) => {
+                if cas(next) {
+                    return Some(Ok(out));
+                }
+                self.hot.retries.fetch_add(1, Ordering::Relaxed);
+                backoff.spin();
+                None
+            }
+            Step::Freeze => {
+                freeze();
+                None
+            }
+            Step::Done(result) => Some(result),
         }
     }
 
