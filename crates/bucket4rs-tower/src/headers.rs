@@ -1,11 +1,14 @@
 //! The IETF `RateLimit-Policy` and `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers,
 //! structured-field syntax) computed per bandwidth.
 
+use core::cell::RefCell;
 use core::fmt::Write as _;
 
 use bucket4rs_core::ops::Refilled;
-use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState};
+use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, BucketState};
 use http::{HeaderName, HeaderValue};
+
+use crate::plan::Plan;
 
 /// `RateLimit-Policy`: the quota policies of the client's plan.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -150,22 +153,63 @@ pub(crate) fn ceil_secs(nanos: u64) -> u64 {
 
 /// The `RateLimit` value: per bandwidth, `r` = tokens left in it (after this request when it
 /// was allowed) and `t` = seconds until it holds `cost` tokens again (0: it does now).
+///
+/// A one-bandwidth plan's value depends only on the plan and `(r, t)`, and the same pair
+/// recurs request after request (a bucket that stays full answers the same `r` each time; a
+/// plan of capacity 20 has at most 21 values of `r`), so those values come from a small
+/// per-thread cache ([`cached_value`]): a hit costs a clone of the stored value (a reference
+/// count) instead of formatting, validating and allocating it.
 pub(crate) fn ratelimit_header(
-    quotas: &[Quota],
-    singles: &[BucketConfiguration],
+    plan: &Plan,
     state: &BucketState,
     now: i64,
     cost: u64,
 ) -> Option<HeaderValue> {
+    let (quotas, singles) = (plan.quotas(), plan.singles());
     let states = state.bandwidths();
     if quotas.len() != states.len() || singles.len() != states.len() {
         return None;
     }
+    if let ([q], [single], [s]) = (quotas, singles, states) {
+        let (r, t) = policy_state(single, *s, now, cost);
+        return cached_value(plan.id(), r, t, || format_value(&[(q, r, t)]));
+    }
+    let mut items = Vec::with_capacity(quotas.len());
+    for (i, (q, single)) in quotas.iter().zip(singles).enumerate() {
+        let (r, t) = policy_state(single, states[i], now, cost);
+        items.push((q, r, t));
+    }
+    format_value(&items)
+}
+
+/// `(r, t)` of one bandwidth (`single`, in state `s`) at `now` for a request of `cost`.
+fn policy_state(
+    single: &BucketConfiguration,
+    s: BandwidthState,
+    now: i64,
+    cost: u64,
+) -> (u64, u64) {
+    let view = Refilled::new(single, now, |_| s);
+    let tokens = u64::try_from(view.get(0).tokens()).unwrap_or(0);
+    let remaining = tokens.min(SF_INT_MAX);
+    let t = if cost <= tokens && cost <= single.bandwidths()[0].capacity() {
+        // Enough tokens now, for a cost the bandwidth can ever hold (force-added tokens
+        // can exceed the capacity): no wait, as `request_wait` says, without its
+        // arithmetic.
+        0
+    } else {
+        ceil_secs(view.request_wait(cost, true)).min(SF_INT_MAX)
+    };
+    (remaining, t)
+}
+
+/// Formats the `RateLimit` value of `items` (policy, `r`, `t`).
+fn format_value(items: &[(&Quota, u64, u64)]) -> Option<HeaderValue> {
     // An upper bound of the value's length; one bandwidth (the common case) fits on the
     // stack, so the value's bytes are allocated once, at their exact size.
-    let bound: usize = quotas
+    let bound: usize = items
         .iter()
-        .map(|q| q.quoted.len() + ", ;r=;t=".len() + 2 * U64_DIGITS)
+        .map(|(q, _, _)| q.quoted.len() + ", ;r=;t=".len() + 2 * U64_DIGITS)
         .sum();
     let mut stack = [0u8; STACK_VALUE];
     let mut heap = Vec::new();
@@ -176,27 +220,192 @@ pub(crate) fn ratelimit_header(
         &mut heap
     };
     let mut at = 0;
-    for (i, (q, single)) in quotas.iter().zip(singles).enumerate() {
-        let view = Refilled::new(single, now, |_| states[i]);
-        let tokens = u64::try_from(view.get(0).tokens()).unwrap_or(0);
-        let remaining = tokens.min(SF_INT_MAX);
-        let t = if cost <= tokens && cost <= single.bandwidths()[0].capacity() {
-            // Enough tokens now, for a cost the bandwidth can ever hold (force-added tokens
-            // can exceed the capacity): no wait, as `request_wait` says, without its
-            // arithmetic.
-            0
-        } else {
-            ceil_secs(view.request_wait(cost, true)).min(SF_INT_MAX)
-        };
+    for (i, (q, r, t)) in items.iter().enumerate() {
         if i > 0 {
             put(buf, &mut at, b", ");
         }
         put(buf, &mut at, q.quoted.as_bytes());
         put(buf, &mut at, b";r=");
-        put_u64(buf, &mut at, remaining);
+        put_u64(buf, &mut at, *r);
         put(buf, &mut at, b";t=");
-        put_u64(buf, &mut at, t);
+        put_u64(buf, &mut at, *t);
     }
     // Visible ASCII by construction (names are printable ASCII, escaped).
     HeaderValue::from_bytes(&buf[..at]).ok()
+}
+
+/// Slots of the per-thread `RateLimit` value cache (direct-mapped).
+const CACHE_SLOTS: usize = 64;
+
+/// A formatted one-bandwidth `RateLimit` value: plan `plan` (its [`Plan::id`]) at `(r, t)`.
+struct CachedValue {
+    plan: u64,
+    r: u64,
+    t: u64,
+    value: HeaderValue,
+}
+
+thread_local! {
+    /// Recently formatted one-bandwidth values, per thread: no sharing between cores, no
+    /// lock; 64 slots of a few dozen bytes, plus the values.
+    static RATELIMIT_VALUES: RefCell<[Option<CachedValue>; CACHE_SLOTS]> =
+        const { RefCell::new([const { None }; CACHE_SLOTS]) };
+}
+
+/// The slot of `(plan, r, t)`: consecutive `r` of one plan take consecutive slots, so a
+/// small plan's values all fit; plans and waits are spread over the table.
+fn slot_of(plan: u64, r: u64, t: u64) -> usize {
+    let mix = plan.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+    // Truncation intended: only the low bits select the slot.
+    #[allow(clippy::cast_possible_truncation)]
+    let slot = r.wrapping_add(t.wrapping_mul(31)).wrapping_add(mix) as usize;
+    slot % CACHE_SLOTS
+}
+
+/// The value of `(plan, r, t)` from this thread's cache, or `format()`ed and stored there.
+/// A plan's id is never reused, so a stored value is never another plan's.
+pub(crate) fn cached_value(
+    plan: u64,
+    r: u64,
+    t: u64,
+    format: impl FnOnce() -> Option<HeaderValue>,
+) -> Option<HeaderValue> {
+    let slot = slot_of(plan, r, t);
+    let hit = RATELIMIT_VALUES.try_with(|cache| {
+        let cache = cache.try_borrow().ok()?;
+        let e = cache[slot].as_ref()?;
+        (e.plan == plan && e.r == r && e.t == t).then(|| e.value.clone())
+    });
+    if let Ok(Some(value)) = hit {
+        return Some(value);
+    }
+    let value = format()?;
+    // Not stored while the thread is being torn down (or, never in practice, re-entered).
+    let _ = RATELIMIT_VALUES.try_with(|cache| {
+        if let Ok(mut cache) = cache.try_borrow_mut() {
+            cache[slot] = Some(CachedValue {
+                plan,
+                r,
+                t,
+                value: value.clone(),
+            });
+        }
+    });
+    Some(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::cell::Cell;
+
+    fn value_of(plan: u64, r: u64, t: u64) -> HeaderValue {
+        HeaderValue::try_from(format!("\"p{plan}\";r={r};t={t}")).unwrap()
+    }
+
+    /// Every answer of the cache is the value of its own `(plan, r, t)`, whatever was
+    /// stored before in its slot (other plans, other pairs, colliding slots), and a value
+    /// just stored is served without formatting it again.
+    #[test]
+    fn the_cache_answers_each_plan_and_pair_with_its_own_value() {
+        let formats = Cell::new(0u32);
+        let get = |plan: u64, r: u64, t: u64| {
+            cached_value(plan, r, t, || {
+                formats.set(formats.get() + 1);
+                Some(value_of(plan, r, t))
+            })
+            .unwrap()
+        };
+        // A deterministic mix of plans, counts and waits: many share slots.
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (plan, r, t) = (x % 3, (x >> 8) % 150, (x >> 20) % 4);
+            assert_eq!(get(plan, r, t), value_of(plan, r, t));
+            let before = formats.get();
+            assert_eq!(get(plan, r, t), value_of(plan, r, t));
+            assert_eq!(
+                formats.get(),
+                before,
+                "({plan}, {r}, {t}) was not served from the cache"
+            );
+        }
+        // Pairs that take the same slot replace each other and stay correct.
+        let (a, b) = ((7, 3, 0), (7, 3 + CACHE_SLOTS as u64, 0));
+        assert_eq!(slot_of(a.0, a.1, a.2), slot_of(b.0, b.1, b.2));
+        // So do two plans at the same pair when their ids take the same slot.
+        let other = (1..)
+            .find(|&p| slot_of(p, 3, 0) == slot_of(7, 3, 0) && p != 7)
+            .unwrap();
+        let c = (other, 3, 0);
+        for _ in 0..3 {
+            for (plan, r, t) in [a, b, c] {
+                assert_eq!(get(plan, r, t), value_of(plan, r, t));
+            }
+        }
+    }
+
+    /// A failed formatting is not stored, and another thread has its own cache.
+    #[test]
+    fn failures_are_not_cached_and_threads_do_not_share() {
+        assert_eq!(cached_value(99, 1, 0, || None), None);
+        assert_eq!(
+            cached_value(99, 1, 0, || Some(value_of(99, 1, 0))),
+            Some(value_of(99, 1, 0))
+        );
+        std::thread::spawn(|| {
+            let formatted = Cell::new(false);
+            let v = cached_value(99, 1, 0, || {
+                formatted.set(true);
+                Some(value_of(99, 1, 0))
+            });
+            assert_eq!(v, Some(value_of(99, 1, 0)));
+            assert!(formatted.get(), "a new thread starts with an empty cache");
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Plans built separately never share an id (so never a cached value), even with equal
+    /// names and configurations; clones share it.
+    #[test]
+    fn plan_ids_are_unique_and_shared_by_clones() {
+        use bucket4rs_core::{Bandwidth, BucketConfiguration};
+        use std::time::Duration;
+        let config = || {
+            BucketConfiguration::builder()
+                .add_limit(Bandwidth::simple(5, Duration::from_secs(1)).unwrap())
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (Plan::new("same", config()), Plan::new("same", config()));
+        assert_ne!(a.id(), b.id());
+        assert_eq!(a.clone().id(), a.id());
+        let state = BucketState::new(a.configuration(), 0);
+        // The same state and pair under two plans whose policies are named differently:
+        // each gets its own name, in either order.
+        let id_named = Plan::new(
+            "named",
+            BucketConfiguration::builder()
+                .add_limit(
+                    Bandwidth::builder()
+                        .capacity(5)
+                        .refill_greedy(5, Duration::from_secs(1))
+                        .id("burst")
+                        .build()
+                        .unwrap(),
+                )
+                .build()
+                .unwrap(),
+        );
+        for _ in 0..2 {
+            assert_eq!(ratelimit_header(&a, &state, 0, 1).unwrap(), "\"0\";r=5;t=0");
+            assert_eq!(
+                ratelimit_header(&id_named, &state, 0, 1).unwrap(),
+                "\"burst\";r=5;t=0"
+            );
+        }
+    }
 }

@@ -606,13 +606,7 @@ fn verdict<ResBody: From<Bytes>>(
     cost: u64,
     remaining_header: bool,
 ) -> Verdict<ResBody> {
-    let ratelimit = headers::ratelimit_header(
-        effective.quotas(),
-        effective.singles(),
-        &v.state,
-        v.now_nanos,
-        cost,
-    );
+    let ratelimit = headers::ratelimit_header(effective, &v.state, v.now_nanos, cost);
     verdict_of(
         effective,
         &Decision::of_probe(&v.value),
@@ -899,13 +893,7 @@ where
                         let probe = Decision::probe_of_try_consume(&v, cost);
                         return InProcess::Stale(v.to_verbose().map(|_| probe));
                     }
-                    let ratelimit = headers::ratelimit_header(
-                        plan.quotas(),
-                        plan.singles(),
-                        v.state,
-                        v.now_nanos,
-                        cost,
-                    );
+                    let ratelimit = headers::ratelimit_header(&plan, v.state, v.now_nanos, cost);
                     // Allowed without `X-Rate-Limit-Remaining`: nothing else to compute
                     // (`remaining` is then not read).
                     let decision = if v.value && !remaining_header {
@@ -1176,14 +1164,7 @@ mod tests {
                     }
                     for now in [0, 999_999_999, 1_000_000_000, 7_000_000_001] {
                         for cost in 1..=max_cap + 45 {
-                            let got = headers::ratelimit_header(
-                                plan.quotas(),
-                                plan.singles(),
-                                &state,
-                                now,
-                                cost,
-                            )
-                            .unwrap();
+                            let got = headers::ratelimit_header(&plan, &state, now, cost).unwrap();
                             assert_eq!(
                                 got.to_str().unwrap(),
                                 reference_ratelimit(&plan, &state, now, cost),

@@ -2,6 +2,7 @@
 
 use core::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bucket4rs_core::BucketConfiguration;
 use http::HeaderValue;
@@ -9,6 +10,8 @@ use http::HeaderValue;
 use crate::headers::{self, Quota};
 
 struct Inner {
+    /// Unique per `Plan::new` (never reused): keys the per-thread `RateLimit` value cache.
+    id: u64,
     name: Arc<str>,
     config: BucketConfiguration,
     /// One single-bandwidth configuration per bandwidth, for per-bandwidth waits.
@@ -83,7 +86,9 @@ impl Plan {
             .min()
             .unwrap_or(0);
         let policy_header = headers::policy_header(&quotas);
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self(Arc::new(Inner {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             name: name.into(),
             config,
             singles,
@@ -155,6 +160,12 @@ impl Plan {
 
     pub(crate) fn singles(&self) -> &[BucketConfiguration] {
         &self.0.singles
+    }
+
+    /// This plan's identity: shared by its clones, different from every other plan's
+    /// (2^64 plans would have to be built for a value to repeat).
+    pub(crate) fn id(&self) -> u64 {
+        self.0.id
     }
 }
 
