@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::http::Request;
-use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+use bucket4rs_distributed::ProxyManager;
 use tower::ServiceExt;
 
 fn main() {
@@ -29,12 +29,15 @@ fn main() {
     let app = match mode.as_str() {
         // The layer added with `Router::layer` (per route), for comparison.
         "per-route" => bookshelf::routes().layer(bookshelf::layer(
-            ProxyManager::new(EmbeddedBackend::new()),
+            ProxyManager::new(bucket4rs_tower::embedded_backend()),
             plans,
         )),
         "without" => bookshelf::routes(),
         "with" => {
-            let app = bookshelf::app(ProxyManager::new(EmbeddedBackend::new()), plans);
+            let app = bookshelf::app(
+                ProxyManager::new(bucket4rs_tower::embedded_backend()),
+                plans,
+            );
             return drive(app, &mode, n);
         }
         other => panic!("mode {other:?}: with, without or per-route"),

@@ -10,7 +10,7 @@ use tower::Service;
 
 use bookshelf::{Args, Store};
 use bucket4rs_distributed::{
-    EmbeddedBackend, PostgresBackend, PostgresOptions, ProxyManager, RedisBackend, RedisOptions,
+    PostgresBackend, PostgresOptions, ProxyManager, RedisBackend, RedisOptions,
 };
 
 #[tokio::main]
@@ -36,7 +36,7 @@ async fn run() -> Result<(), String> {
     }
     match &args.store {
         Store::Embedded => {
-            let backend = EmbeddedBackend::new().with_max_keys(args.max_keys);
+            let backend = bucket4rs_tower::embedded_backend().with_max_keys(args.max_keys);
             let manager = ProxyManager::configure(backend)
                 .key_prefix(&args.key_prefix)
                 .build()

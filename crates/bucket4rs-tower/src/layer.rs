@@ -14,6 +14,7 @@ use bucket4rs_distributed::{
     Backend, BackendError, BackendErrorKind, DistributedError, EmbeddedBackend, FailurePolicy,
     ProxyManager, RemoteBucket, StorageKey, Transaction, Verbose, VerboseRef,
 };
+use bucket4rs_local::FastClock;
 use bytes::Bytes;
 use http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -63,6 +64,21 @@ impl Backend for Unreachable {
     async fn remove(&self, _: &StorageKey) -> Result<bool, BackendError> {
         Err(unavailable())
     }
+}
+
+/// The layer's default bucket store: an [`EmbeddedBackend`] on [`FastClock`], the local
+/// buckets' default clock (epoch nanoseconds advanced by the CPU's time-stamp counter). For a
+/// store that lives in this process only, a clock that never goes back and costs a quarter
+/// of a system-time reading is the better time source (see docs/http.md, *Overhead*).
+///
+/// ```
+/// let backend = bucket4rs_tower::embedded_backend().with_max_keys(1_000);
+/// let layer = bucket4rs_tower::RateLimitLayer::builder()
+///     .backend(bucket4rs_distributed::ProxyManager::new(backend))
+///     .build();
+/// ```
+pub fn embedded_backend() -> EmbeddedBackend {
+    EmbeddedBackend::with_clock(FastClock)
 }
 
 fn unavailable() -> BackendError {
@@ -126,7 +142,7 @@ impl RateLimitLayerBuilder<EmbeddedBackend> {
     /// ```
     pub fn max_keys(self, max_keys: usize) -> Self {
         self.backend(ProxyManager::new(
-            EmbeddedBackend::new().with_max_keys(max_keys),
+            embedded_backend().with_max_keys(max_keys),
         ))
     }
 }
@@ -301,7 +317,7 @@ impl RateLimitLayer<EmbeddedBackend> {
     /// ```
     pub fn builder() -> RateLimitLayerBuilder<EmbeddedBackend> {
         RateLimitLayerBuilder {
-            manager: ProxyManager::new(EmbeddedBackend::new().with_max_keys(DEFAULT_MAX_KEYS)),
+            manager: ProxyManager::new(embedded_backend().with_max_keys(DEFAULT_MAX_KEYS)),
             key: KeyExtractor::header("x-api-key"),
             plans: None,
             cost: Arc::new(|_| 1),
@@ -1021,6 +1037,36 @@ mod tests {
     use bucket4rs_core::Bandwidth;
     use bucket4rs_core::ops::TryConsumeAndReturnRemaining;
     use core::time::Duration;
+
+    /// The default store's clock counts epoch nanoseconds (what TTLs and aligned refills
+    /// assume) and never goes back between operations.
+    #[test]
+    fn the_default_store_runs_on_a_monotonic_epoch_clock() {
+        use std::time::{SystemTime, UNIX_EPOCH};
+        let manager = ProxyManager::new(embedded_backend());
+        let config = configs().remove(0);
+        let bucket = manager
+            .in_process_bucket("k", &config)
+            .unwrap()
+            .expect("the embedded store runs transactions in process");
+        let mut last = 0;
+        for _ in 0..1_000 {
+            let now = bucket.try_consume_with(1, |v| v.now_nanos).unwrap();
+            assert!(now >= last, "{now} after {last}");
+            last = now;
+        }
+        let system = i64::try_from(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_nanos(),
+        )
+        .unwrap();
+        assert!(
+            (system - last).abs() < 5_000_000_000,
+            "{last} vs system {system}"
+        );
+    }
 
     fn configs() -> Vec<BucketConfiguration> {
         let secs = Duration::from_secs;

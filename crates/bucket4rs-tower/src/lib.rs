@@ -74,6 +74,7 @@ pub use headers::{Quota, RATELIMIT, RATELIMIT_POLICY, X_RATE_LIMIT_REMAINING};
 pub use key::{KeyExtractor, RequestInfo};
 pub use layer::{
     DEFAULT_MAX_KEYS, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseFuture,
+    embedded_backend,
 };
 pub use plan::{Plan, PlanResolver};
 pub use problem::Problem;
