@@ -237,12 +237,13 @@ fn format_value(items: &[(&Quota, u64, u64)]) -> Option<HeaderValue> {
 /// Slots of the per-thread `RateLimit` value cache (direct-mapped).
 const CACHE_SLOTS: usize = 64;
 
-/// A formatted one-bandwidth `RateLimit` value: plan `plan` (its [`Plan::id`]) at `(r, t)`.
+/// A slot of the cache: the last `(plan, r, t)` seen there (`plan` is a [`Plan::id`]) and,
+/// once that triple has been seen twice in a row, its formatted value.
 struct CachedValue {
     plan: u64,
     r: u64,
     t: u64,
-    value: HeaderValue,
+    value: Option<HeaderValue>,
 }
 
 thread_local! {
@@ -262,8 +263,13 @@ fn slot_of(plan: u64, r: u64, t: u64) -> usize {
     slot % CACHE_SLOTS
 }
 
-/// The value of `(plan, r, t)` from this thread's cache, or `format()`ed and stored there.
-/// A plan's id is never reused, so a stored value is never another plan's.
+/// The value of `(plan, r, t)` from this thread's cache, or `format()`ed.
+///
+/// A value is stored only when its triple is seen a second time in its slot: storing costs
+/// more than formatting (a stored value is shared, so its first clone allocates), and a
+/// client draining a large plan meets each `r` once — those requests only pay for the
+/// formatting, as without a cache. A plan's id is never reused, so a stored value is never
+/// another plan's.
 pub(crate) fn cached_value(
     plan: u64,
     r: u64,
@@ -271,23 +277,26 @@ pub(crate) fn cached_value(
     format: impl FnOnce() -> Option<HeaderValue>,
 ) -> Option<HeaderValue> {
     let slot = slot_of(plan, r, t);
-    let hit = RATELIMIT_VALUES.try_with(|cache| {
+    let seen = RATELIMIT_VALUES.try_with(|cache| {
         let cache = cache.try_borrow().ok()?;
         let e = cache[slot].as_ref()?;
         (e.plan == plan && e.r == r && e.t == t).then(|| e.value.clone())
     });
-    if let Ok(Some(value)) = hit {
-        return Some(value);
-    }
+    let seen = match seen {
+        Ok(Some(Some(value))) => return Some(value),
+        Ok(Some(None)) => true,
+        _ => false,
+    };
     let value = format()?;
-    // Not stored while the thread is being torn down (or, never in practice, re-entered).
+    // Nothing is stored while the thread is being torn down (or, never in practice, when
+    // re-entered).
     let _ = RATELIMIT_VALUES.try_with(|cache| {
         if let Ok(mut cache) = cache.try_borrow_mut() {
             cache[slot] = Some(CachedValue {
                 plan,
                 r,
                 t,
-                value: value.clone(),
+                value: seen.then(|| value.clone()),
             });
         }
     });
@@ -323,6 +332,8 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let (plan, r, t) = (x % 3, (x >> 8) % 150, (x >> 20) % 4);
+            // Seen twice in a row, a triple is stored, then served without formatting.
+            assert_eq!(get(plan, r, t), value_of(plan, r, t));
             assert_eq!(get(plan, r, t), value_of(plan, r, t));
             let before = formats.get();
             assert_eq!(get(plan, r, t), value_of(plan, r, t));
@@ -332,19 +343,52 @@ mod tests {
                 "({plan}, {r}, {t}) was not served from the cache"
             );
         }
-        // Pairs that take the same slot replace each other and stay correct.
+        // Triples that take the same slot replace each other: a stored value is never
+        // served for another count, nor for another plan at the same pair.
         let (a, b) = ((7, 3, 0), (7, 3 + CACHE_SLOTS as u64, 0));
         assert_eq!(slot_of(a.0, a.1, a.2), slot_of(b.0, b.1, b.2));
-        // So do two plans at the same pair when their ids take the same slot.
         let other = (1..)
             .find(|&p| slot_of(p, 3, 0) == slot_of(7, 3, 0) && p != 7)
             .unwrap();
         let c = (other, 3, 0);
-        for _ in 0..3 {
-            for (plan, r, t) in [a, b, c] {
-                assert_eq!(get(plan, r, t), value_of(plan, r, t));
+        for (first, then) in [(a, b), (a, c), (c, a), (b, a)] {
+            for _ in 0..2 {
+                assert_eq!(
+                    get(first.0, first.1, first.2),
+                    value_of(first.0, first.1, first.2)
+                );
             }
+            assert_eq!(
+                get(then.0, then.1, then.2),
+                value_of(then.0, then.1, then.2)
+            );
         }
+    }
+
+    /// A triple seen once is formatted, not stored: a client draining a large plan meets
+    /// each count once and pays no more than the formatting.
+    #[test]
+    fn a_triple_seen_once_is_not_stored() {
+        let formats = Cell::new(0u32);
+        let get = |r: u64| {
+            cached_value(1_000, r, 0, || {
+                formats.set(formats.get() + 1);
+                Some(value_of(1_000, r, 0))
+            })
+        };
+        for r in (0..500).rev() {
+            assert_eq!(get(r), Some(value_of(1_000, r, 0)));
+        }
+        assert_eq!(formats.get(), 500);
+        RATELIMIT_VALUES.with(|c| {
+            let stored = c
+                .borrow()
+                .iter()
+                .flatten()
+                .filter(|e| e.value.is_some())
+                .count();
+            assert_eq!(stored, 0, "values stored for triples seen once");
+        });
     }
 
     /// A failed formatting is not stored, and another thread has its own cache.
