@@ -189,10 +189,19 @@ fn policy_state(
     now: i64,
     cost: u64,
 ) -> (u64, u64) {
+    let capacity = single.bandwidths().first().map_or(0, Bandwidth::capacity);
+    // Refilled at `now` already (the state a consumption just left): the tokens are the
+    // state's, and a cost they cover waits for nothing.
+    if s.last_refill_nanos() >= now {
+        let tokens = u64::try_from(s.tokens()).unwrap_or(0);
+        if cost <= tokens && cost <= capacity {
+            return (tokens.min(SF_INT_MAX), 0);
+        }
+    }
     let view = Refilled::new(single, now, |_| s);
     let tokens = u64::try_from(view.get(0).tokens()).unwrap_or(0);
     let remaining = tokens.min(SF_INT_MAX);
-    let t = if cost <= tokens && cost <= single.bandwidths()[0].capacity() {
+    let t = if cost <= tokens && cost <= capacity {
         // Enough tokens now, for a cost the bandwidth can ever hold (force-added tokens
         // can exceed the capacity): no wait, as `request_wait` says, without its
         // arithmetic.
