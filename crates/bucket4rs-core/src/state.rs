@@ -355,10 +355,12 @@ impl CompactForm {
 
     /// Runs `op` on compact value `u` at reading `now`. Only operations with a fixed take
     /// ([`Operation::take`], try_consume) run here, as the GCRA's step: with
-    /// `p = (now − base) × rate`, `u' = max(u, p) + need`, taken when `u' − p <= capacity`.
-    /// Between the clock reading and the new value that is a comparison and an addition (the
-    /// multiplication too unless `base` is 0 and the rate 1 unit per nanosecond, the common
-    /// case). Returns the output and the new value, which equals `u` when nothing changed.
+    /// `p = (now − base) × rate`, `u' = max(u, p) + need`, taken when `u' − p <= capacity`,
+    /// that is when `p >= u − (capacity − need)`, a bound computed without the reading.
+    /// Between the clock reading and the decision that is one comparison, and to the new value
+    /// a comparison and an addition (the multiplication too unless `base` is 0 and the rate 1
+    /// unit per nanosecond, the common case). Returns the output and the new value, which
+    /// equals `u` when nothing changed.
     ///
     /// Exact — the same decision and state as [`ops::plan_one`] on the state `u` encodes —
     /// whenever `now` is not before that state's last refill.
@@ -404,14 +406,16 @@ impl CompactForm {
             return Ok((take.refused, u));
         };
         // The refilled state's value is max(u, p); taking `need` moves it by `need`, and the
-        // balance stays >= 0 while the value stays within `capacity` of `p`.
-        let after = u.max(p).checked_add(need).ok_or(Decline)?;
-        let short = after.checked_sub(p).ok_or(Decline)?;
-        Ok(if short <= self.capacity {
-            (take.taken, after)
-        } else {
-            (take.refused, u)
-        })
+        // balance stays >= 0 while the value stays within `capacity` of `p`:
+        // max(u − p, 0) + need <= capacity, that is p >= u − (capacity − need). The bound
+        // does not depend on the reading, so the reading meets one comparison before the
+        // decision (a bound below i64::MIN: every reading meets it).
+        if let Some(bound) = u.checked_sub(self.capacity - need)
+            && p < bound
+        {
+            return Ok((take.refused, u));
+        }
+        Ok((take.taken, u.max(p).checked_add(need).ok_or(Decline)?))
     }
 }
 

@@ -660,3 +660,54 @@ fn manual_clock_moves_only_when_told_and_saturates() {
     independent.advance_nanos(5);
     assert_eq!(wall.now_nanos(), 1_700_000_000_001_000_000);
 }
+
+/// `CompactForm::plan` at the ends of `i64`, against the GCRA step computed in `i128`: the
+/// same decision and value, or a decline only where the new value leaves `i64`. Covers the
+/// bound `u − (capacity − need)` below `i64::MIN` (every reading meets it).
+#[test]
+fn compact_plan_at_the_ends_of_the_range_is_exact() {
+    use bucket4rs_core::ops::TryConsume;
+    use bucket4rs_core::{CompactForm, CompactStop};
+    let edges = [
+        MIN,
+        MIN + 1,
+        MIN + (1 << 17),
+        -SEC,
+        -1,
+        0,
+        1,
+        SEC,
+        MAX - SEC,
+        MAX - 1,
+        MAX,
+    ];
+    // (capacity tokens, refill tokens, period): rate 1 (direct) with units 1 and 10^8, and
+    // a scaled capacity of i64::MAX.
+    for (capacity, tokens, period) in [(MAXU, 1, 1), (10, 10, SEC as u64), (3, 1, 1)] {
+        let b = greedy(capacity, tokens, period);
+        let unit = i128::from(period as i64 / tokens as i64);
+        let cap = i128::from(capacity) * unit;
+        let form = CompactForm::new(&b, 0).expect("greedy");
+        for (u, now, n) in edges
+            .iter()
+            .flat_map(|&u| edges.iter().map(move |&now| (u, now)))
+            .flat_map(|(u, now)| [1, 2, 3, capacity, MAXU].map(move |n| (u, now, n)))
+        {
+            let (u128, p) = (i128::from(u), i128::from(now));
+            let need = i128::from(n) * unit;
+            let after = u128.max(p) + need;
+            let taken = need <= cap && after - p <= cap;
+            match form.plan(&TryConsume(n), u, now) {
+                Ok((out, new)) => {
+                    assert_eq!(out, taken, "u {u} now {now} n {n} cap {cap}");
+                    let expected = if taken { after } else { u128 };
+                    assert_eq!(i128::from(new), expected, "u {u} now {now} n {n} cap {cap}");
+                }
+                Err(e) => {
+                    assert_eq!(e, CompactStop::Decline);
+                    assert!(taken && after > i128::from(MAX), "u {u} now {now} n {n}");
+                }
+            }
+        }
+    }
+}

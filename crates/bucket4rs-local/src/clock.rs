@@ -11,6 +11,32 @@ struct Anchor {
     /// Epoch nanoseconds minus the counter's nanoseconds, both read at the anchoring: a reading
     /// is `offset + counter nanoseconds`, one addition after quanta's scaling.
     offset: i64,
+    /// The largest counter reading (nanoseconds) whose sum with `offset` fits `i64`, and at
+    /// most `i64::MAX`: one comparison decides the saturation.
+    limit: u64,
+}
+
+impl Anchor {
+    fn new(clock: quanta::Clock, offset: i64) -> Self {
+        // offset <= 0: every counter reading up to i64::MAX fits; else up to i64::MAX − offset.
+        let limit = i64::MAX.saturating_sub(offset.max(0)).unsigned_abs();
+        Self {
+            clock,
+            offset,
+            limit,
+        }
+    }
+
+    /// `offset + nanos`, saturated at `i64::MAX`.
+    #[inline]
+    fn reading(&self, nanos: u64) -> i64 {
+        if nanos <= self.limit {
+            // nanos <= limit <= i64::MAX, and the sum fits by the choice of `limit`.
+            (nanos as i64).wrapping_add(self.offset)
+        } else {
+            saturated()
+        }
+    }
 }
 
 #[inline]
@@ -22,10 +48,7 @@ fn anchor() -> &'static Anchor {
         let epoch_nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
-        Anchor {
-            clock,
-            offset: epoch_nanos.saturating_sub(counter),
-        }
+        Anchor::new(clock, epoch_nanos.saturating_sub(counter))
     })
 }
 
@@ -76,16 +99,9 @@ impl Clock for FastClock {
     #[inline]
     fn now_nanos(&self) -> i64 {
         let a = anchor();
-        let nanos = a.clock.delta_as_nanos(0, a.clock.raw());
         // The offset is the epoch time at the counter's zero, so the sum only overflows in the
         // year 2262; it then saturates.
-        match i64::try_from(nanos)
-            .ok()
-            .and_then(|n| a.offset.checked_add(n))
-        {
-            Some(t) => t,
-            None => saturated(),
-        }
+        a.reading(a.clock.delta_as_nanos(0, a.clock.raw()))
     }
 
     fn is_wall_clock_based(&self) -> bool {
@@ -96,5 +112,57 @@ impl Clock for FastClock {
     /// TSC, synchronized across cores), and the `Instant` fallback is monotonic too.
     fn is_monotonic(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The saturating sum the reading stands for.
+    fn exact(offset: i64, nanos: u64) -> i64 {
+        i64::try_from(nanos)
+            .ok()
+            .and_then(|n| offset.checked_add(n))
+            .unwrap_or(i64::MAX)
+    }
+
+    #[test]
+    fn readings_saturate_exactly_where_the_sum_leaves_i64() {
+        const OFFSETS: [i64; 9] = [
+            i64::MIN,
+            i64::MIN + 1,
+            -5,
+            -1,
+            0,
+            1,
+            5,
+            i64::MAX - 1,
+            i64::MAX,
+        ];
+        const MAX: u64 = i64::MAX as u64;
+        const NANOS: [u64; 12] = [
+            0,
+            1,
+            2,
+            4,
+            5,
+            6,
+            MAX - 1,
+            MAX,
+            MAX + 1,
+            MAX + 2,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        let clock = quanta::Clock::new();
+        for offset in OFFSETS {
+            let a = Anchor::new(clock.clone(), offset);
+            let edge = (i64::MAX as i128 - offset as i128).clamp(0, MAX as i128) as u64;
+            let edges = [edge.saturating_sub(1), edge, edge.saturating_add(1)];
+            for nanos in NANOS.into_iter().chain(edges) {
+                assert_eq!(a.reading(nanos), exact(offset, nanos), "{offset} + {nanos}");
+            }
+        }
     }
 }

@@ -182,7 +182,9 @@ struct Hot {
     /// The compact one-bandwidth state, or a mode marker (see [`compact`]).
     compact: AtomicU64,
     /// How compact values read (fixed; beside the word, so the hot path touches one line).
-    form: Option<CompactForm>,
+    /// A placeholder in a bucket that did not start compact (its word holds a marker from
+    /// the start, so the form is never read): no `Option` to test on the hot path.
+    form: CompactForm,
     /// Lost compare-and-swap races ([`LockFree::contention_retries`]). In the compact word's
     /// cache line: a thread that just lost a race on that word holds the line, so counting
     /// costs no extra transfer between cores.
@@ -280,7 +282,7 @@ impl NewStorage for LockFree {
             kind,
             hot: Hot {
                 compact: AtomicU64::new(compact.unwrap_or(compact::SLOTS_WORD)),
-                form,
+                form: form.unwrap_or_else(compact::placeholder),
                 retries: AtomicU64::new(0),
                 _line1: [0],
                 packed: AtomicU128::new(packed.unwrap_or(packed::SLOTS_WORD)),
@@ -537,6 +539,11 @@ impl LockFree {
         Some((i, s))
     }
 
+    /// The compact form, if the bucket started compact (else the form is a placeholder).
+    fn form(&self) -> Option<&CompactForm> {
+        (self.kind == Kind::Compact).then_some(&self.hot.form)
+    }
+
     /// Loads `current` and the slot and configuration it names.
     #[inline]
     fn load(&self) -> Option<(u64, SlotRef<'_>, i64, &BucketConfiguration)> {
@@ -610,9 +617,10 @@ impl LockFree {
         let config = &self.first_config;
         let w = self.hot.compact.load(Ordering::Acquire);
         // Straight-line early returns, no joining `match`: the result stays in registers.
-        let (Some(form), compact::VALUE) = (&self.hot.form, compact::mode(w)) else {
+        let form = &self.hot.form;
+        if compact::mode(w) != compact::VALUE {
             return self.run_other(op, now, finish);
-        };
+        }
         let v = compact::value(w);
         let (out, new) = match form.plan(op, v, now) {
             Ok(planned) => planned,
@@ -648,7 +656,7 @@ impl LockFree {
     ) -> Result<(O::Output, T), OperationError> {
         let backoff = Backoff::new();
         let config = &self.first_config;
-        let (Some(form), [b]) = (&self.hot.form, config.bandwidths()) else {
+        let (Some(form), [b]) = (self.form(), config.bandwidths()) else {
             // Unreachable: compact mode is only entered for one greedy bandwidth.
             return self.run_slots(op, now, finish);
         };
@@ -807,7 +815,7 @@ impl LockFree {
     /// thread changed the word first, the slot is released and the caller reloads.
     #[cold]
     fn freeze_compact(&self, w: u64, now: i64) {
-        let (Some(form), [b]) = (&self.hot.form, self.first_config.bandwidths()) else {
+        let (Some(form), [b]) = (self.form(), self.first_config.bandwidths()) else {
             return;
         };
         let state = form.decode(compact::value(w), now);
@@ -1057,7 +1065,7 @@ impl Storage for LockFree {
                 BucketState::from_bandwidths(vec![st]),
             )
         };
-        match (self.kind, self.first_config.bandwidths(), &self.hot.form) {
+        match (self.kind, self.first_config.bandwidths(), self.form()) {
             (Kind::Compact, [b], Some(form)) => loop {
                 let w = self.hot.compact.load(Ordering::Acquire);
                 match compact::mode(w) {
@@ -1177,6 +1185,13 @@ mod compact {
     #[inline]
     pub(super) fn encode_value(u: i64) -> Option<u64> {
         (u >= MIN_VALUE).then_some(u as u64)
+    }
+
+    /// The form of a bucket that does not start compact, which is never read: any form.
+    #[cold]
+    pub(super) fn placeholder() -> CompactForm {
+        let b = Bandwidth::simple(1, core::time::Duration::from_secs(1));
+        CompactForm::new(&b.expect("valid"), 0).expect("greedy")
     }
 
     /// The word holding `st` of `b` in `form`, if it fits.
