@@ -49,8 +49,8 @@ fn success(c: &mut Criterion) {
     let tb_pl = TextbookParkingLot::new(HUGE, 1e12, HUGE);
     let floor = AtomicU64::new(u64::MAX);
     contenders!(g,
-        "lock-free" => lf.try_consume(1),
-        "synchronized" => sy.try_consume(1),
+        "lock-free" => matches!(lf.try_consume(1), Ok(true)),
+        "synchronized" => matches!(sy.try_consume(1), Ok(true)),
         "governor" => gov.check().is_ok(),
         "ratelimit" => rl.try_wait().is_ok(),
         "mutex-f64-std" => tb_std.try_acquire(),
@@ -84,8 +84,8 @@ fn rejection(c: &mut Criterion) {
         );
     }
     contenders!(g,
-        "lock-free" => lf.try_consume(1),
-        "synchronized" => sy.try_consume(1),
+        "lock-free" => matches!(lf.try_consume(1), Ok(true)),
+        "synchronized" => matches!(sy.try_consume(1), Ok(true)),
         "governor" => gov.check().is_ok(),
         "ratelimit" => rl.try_wait().is_ok(),
     );

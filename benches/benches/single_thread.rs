@@ -39,6 +39,12 @@ fn ratelimit_never_dry() -> ratelimit::Ratelimiter {
 }
 
 /// The success path: the bucket never runs dry.
+///
+/// Every contender's answer is reduced to the same `bool` ("allowed?") before `black_box`, as
+/// governor's `check().is_ok()` always was. `black_box` of a bucket's 2-byte
+/// `Result<bool, OperationError>` spilled it as two byte stores followed by a 16-bit load: a
+/// failed store-to-load forwarding that cost ~5 ns per call on the Intel machine, inside the
+/// measured loop and in no caller that branches on the result.
 fn success(c: &mut Criterion) {
     let mut g = group(c, "single_thread/success");
     let lf = never_dry().build().expect("config");
@@ -51,9 +57,15 @@ fn success(c: &mut Criterion) {
     assert!(lf.try_consume(1).expect("op") && sy.try_consume(1).expect("op"));
     assert!(un.try_consume(1).expect("op") && gov.check().is_ok() && rl.try_wait().is_ok());
     assert!(tb_std.try_acquire() && tb_pl.try_acquire());
-    g.bench_function("lock-free", |b| b.iter(|| black_box(lf.try_consume(1))));
-    g.bench_function("synchronized", |b| b.iter(|| black_box(sy.try_consume(1))));
-    g.bench_function("unsync", |b| b.iter(|| black_box(un.try_consume(1))));
+    g.bench_function("lock-free", |b| {
+        b.iter(|| black_box(matches!(lf.try_consume(1), Ok(true))))
+    });
+    g.bench_function("synchronized", |b| {
+        b.iter(|| black_box(matches!(sy.try_consume(1), Ok(true))))
+    });
+    g.bench_function("unsync", |b| {
+        b.iter(|| black_box(matches!(un.try_consume(1), Ok(true))))
+    });
     g.bench_function("governor", |b| b.iter(|| black_box(gov.check().is_ok())));
     g.bench_function("ratelimit", |b| b.iter(|| black_box(rl.try_wait().is_ok())));
     g.bench_function("mutex-f64-std", |b| {
@@ -92,9 +104,15 @@ fn rejection(c: &mut Criterion) {
     assert!(!lf.try_consume(1).expect("op") && !sy.try_consume(1).expect("op"));
     assert!(!un.try_consume(1).expect("op") && gov.check().is_err() && rl.try_wait().is_err());
     assert!(!tb_std.try_acquire() && !tb_pl.try_acquire());
-    g.bench_function("lock-free", |b| b.iter(|| black_box(lf.try_consume(1))));
-    g.bench_function("synchronized", |b| b.iter(|| black_box(sy.try_consume(1))));
-    g.bench_function("unsync", |b| b.iter(|| black_box(un.try_consume(1))));
+    g.bench_function("lock-free", |b| {
+        b.iter(|| black_box(matches!(lf.try_consume(1), Ok(true))))
+    });
+    g.bench_function("synchronized", |b| {
+        b.iter(|| black_box(matches!(sy.try_consume(1), Ok(true))))
+    });
+    g.bench_function("unsync", |b| {
+        b.iter(|| black_box(matches!(un.try_consume(1), Ok(true))))
+    });
     g.bench_function("governor", |b| b.iter(|| black_box(gov.check().is_ok())));
     g.bench_function("ratelimit", |b| b.iter(|| black_box(rl.try_wait().is_ok())));
     g.bench_function("mutex-f64-std", |b| {
@@ -156,8 +174,12 @@ fn same_clock(c: &mut Criterion) {
             .expect("config");
         let gov = RateLimiter::direct_with_clock(quota, governor::clock::QuantaClock::default());
         assert!(lf.try_consume(1).expect("op") && gov.check().is_ok());
-        g.bench_function("lock-free", |b| b.iter(|| black_box(lf.try_consume(1))));
-        g.bench_function("synchronized", |b| b.iter(|| black_box(sy.try_consume(1))));
+        g.bench_function("lock-free", |b| {
+            b.iter(|| black_box(matches!(lf.try_consume(1), Ok(true))))
+        });
+        g.bench_function("synchronized", |b| {
+            b.iter(|| black_box(matches!(sy.try_consume(1), Ok(true))))
+        });
         g.bench_function("governor", |b| b.iter(|| black_box(gov.check().is_ok())));
         g.finish();
     }
@@ -173,8 +195,12 @@ fn same_clock(c: &mut Criterion) {
             .expect("config");
         let gov = RateLimiter::direct_with_clock(quota, governor::clock::MonotonicClock);
         assert!(lf.try_consume(1).expect("op") && gov.check().is_ok());
-        g.bench_function("lock-free", |b| b.iter(|| black_box(lf.try_consume(1))));
-        g.bench_function("synchronized", |b| b.iter(|| black_box(sy.try_consume(1))));
+        g.bench_function("lock-free", |b| {
+            b.iter(|| black_box(matches!(lf.try_consume(1), Ok(true))))
+        });
+        g.bench_function("synchronized", |b| {
+            b.iter(|| black_box(matches!(sy.try_consume(1), Ok(true))))
+        });
         g.bench_function("governor", |b| b.iter(|| black_box(gov.check().is_ok())));
         g.finish();
     }
