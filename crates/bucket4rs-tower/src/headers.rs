@@ -170,16 +170,11 @@ pub(crate) fn ratelimit_header(
     if quotas.len() != states.len() || singles.len() != states.len() {
         return None;
     }
-    if let ([q], [single], [s]) = (quotas, singles, states) {
+    if let ([_], [single], [s]) = (quotas, singles, states) {
         let (r, t) = policy_state(single, *s, now, cost);
-        return cached_value(plan.id(), r, t, || format_value(&[(q, r, t)]));
+        return cached_value(plan.id(), r, t, || format_value(quotas, |_| (r, t)));
     }
-    let mut items = Vec::with_capacity(quotas.len());
-    for (i, (q, single)) in quotas.iter().zip(singles).enumerate() {
-        let (r, t) = policy_state(single, states[i], now, cost);
-        items.push((q, r, t));
-    }
-    format_value(&items)
+    format_value(quotas, |i| policy_state(&singles[i], states[i], now, cost))
 }
 
 /// `(r, t)` of one bandwidth (`single`, in state `s`) at `now` for a request of `cost`.
@@ -212,13 +207,13 @@ fn policy_state(
     (remaining, t)
 }
 
-/// Formats the `RateLimit` value of `items` (policy, `r`, `t`).
-fn format_value(items: &[(&Quota, u64, u64)]) -> Option<HeaderValue> {
+/// Formats the `RateLimit` value of `quotas`, policy `i` at `(r, t) = rt(i)`.
+fn format_value(quotas: &[Quota], rt: impl Fn(usize) -> (u64, u64)) -> Option<HeaderValue> {
     // An upper bound of the value's length; one bandwidth (the common case) fits on the
     // stack, so the value's bytes are allocated once, at their exact size.
-    let bound: usize = items
+    let bound: usize = quotas
         .iter()
-        .map(|(q, _, _)| q.quoted.len() + ", ;r=;t=".len() + 2 * U64_DIGITS)
+        .map(|q| q.quoted.len() + ", ;r=;t=".len() + 2 * U64_DIGITS)
         .sum();
     let mut stack = [0u8; STACK_VALUE];
     let mut heap = Vec::new();
@@ -229,15 +224,16 @@ fn format_value(items: &[(&Quota, u64, u64)]) -> Option<HeaderValue> {
         &mut heap
     };
     let mut at = 0;
-    for (i, (q, r, t)) in items.iter().enumerate() {
+    for (i, q) in quotas.iter().enumerate() {
+        let (r, t) = rt(i);
         if i > 0 {
             put(buf, &mut at, b", ");
         }
         put(buf, &mut at, q.quoted.as_bytes());
         put(buf, &mut at, b";r=");
-        put_u64(buf, &mut at, *r);
+        put_u64(buf, &mut at, r);
         put(buf, &mut at, b";t=");
-        put_u64(buf, &mut at, *t);
+        put_u64(buf, &mut at, t);
     }
     // Visible ASCII by construction (names are printable ASCII, escaped).
     HeaderValue::from_bytes(&buf[..at]).ok()

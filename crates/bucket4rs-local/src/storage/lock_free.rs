@@ -704,11 +704,12 @@ impl LockFree {
                     };
                     let settled = self.settle(
                         step,
-                        |next| {
-                            cas(next)
-                                .map(drop)
-                                .map_err(|now_seen| seen = Some(now_seen))
-                                .is_ok()
+                        |next| match cas(next) {
+                            Ok(_) => true,
+                            Err(beaten_by) => {
+                                seen = Some(beaten_by);
+                                false
+                            }
                         },
                         &backoff,
                         || {
@@ -1218,6 +1219,8 @@ mod compact {
     /// The form of a bucket that does not start compact, which is never read: any form.
     #[cold]
     pub(super) fn placeholder() -> CompactForm {
+        // Constant input: one token a second is a valid, greedy bandwidth, so neither
+        // `expect` can fire.
         let b = Bandwidth::simple(1, core::time::Duration::from_secs(1));
         CompactForm::new(&b.expect("valid"), 0).expect("greedy")
     }
