@@ -26,6 +26,18 @@ fn group<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {
     g
 }
 
+/// Benchmarks `try_consume(1)` on each named bucket, its answer reduced to "allowed?" (see
+/// [`success`]).
+macro_rules! bench_try_consume {
+    ($g:expr, $($name:literal => $bucket:expr),+ $(,)?) => {
+        $(
+            $g.bench_function($name, |b| {
+                b.iter(|| black_box(matches!($bucket.try_consume(1), Ok(true))))
+            });
+        )+
+    };
+}
+
 fn governor_never_dry() -> governor::DefaultDirectRateLimiter {
     RateLimiter::direct(Quota::per_second(NonZeroU32::MAX))
 }
@@ -57,15 +69,7 @@ fn success(c: &mut Criterion) {
     assert!(lf.try_consume(1).expect("op") && sy.try_consume(1).expect("op"));
     assert!(un.try_consume(1).expect("op") && gov.check().is_ok() && rl.try_wait().is_ok());
     assert!(tb_std.try_acquire() && tb_pl.try_acquire());
-    g.bench_function("lock-free", |b| {
-        b.iter(|| black_box(matches!(lf.try_consume(1), Ok(true))))
-    });
-    g.bench_function("synchronized", |b| {
-        b.iter(|| black_box(matches!(sy.try_consume(1), Ok(true))))
-    });
-    g.bench_function("unsync", |b| {
-        b.iter(|| black_box(matches!(un.try_consume(1), Ok(true))))
-    });
+    bench_try_consume!(g, "lock-free" => lf, "synchronized" => sy, "unsync" => un);
     g.bench_function("governor", |b| b.iter(|| black_box(gov.check().is_ok())));
     g.bench_function("ratelimit", |b| b.iter(|| black_box(rl.try_wait().is_ok())));
     g.bench_function("mutex-f64-std", |b| {
@@ -104,15 +108,7 @@ fn rejection(c: &mut Criterion) {
     assert!(!lf.try_consume(1).expect("op") && !sy.try_consume(1).expect("op"));
     assert!(!un.try_consume(1).expect("op") && gov.check().is_err() && rl.try_wait().is_err());
     assert!(!tb_std.try_acquire() && !tb_pl.try_acquire());
-    g.bench_function("lock-free", |b| {
-        b.iter(|| black_box(matches!(lf.try_consume(1), Ok(true))))
-    });
-    g.bench_function("synchronized", |b| {
-        b.iter(|| black_box(matches!(sy.try_consume(1), Ok(true))))
-    });
-    g.bench_function("unsync", |b| {
-        b.iter(|| black_box(matches!(un.try_consume(1), Ok(true))))
-    });
+    bench_try_consume!(g, "lock-free" => lf, "synchronized" => sy, "unsync" => un);
     g.bench_function("governor", |b| b.iter(|| black_box(gov.check().is_ok())));
     g.bench_function("ratelimit", |b| b.iter(|| black_box(rl.try_wait().is_ok())));
     g.bench_function("mutex-f64-std", |b| {
@@ -174,12 +170,7 @@ fn same_clock(c: &mut Criterion) {
             .expect("config");
         let gov = RateLimiter::direct_with_clock(quota, governor::clock::QuantaClock::default());
         assert!(lf.try_consume(1).expect("op") && gov.check().is_ok());
-        g.bench_function("lock-free", |b| {
-            b.iter(|| black_box(matches!(lf.try_consume(1), Ok(true))))
-        });
-        g.bench_function("synchronized", |b| {
-            b.iter(|| black_box(matches!(sy.try_consume(1), Ok(true))))
-        });
+        bench_try_consume!(g, "lock-free" => lf, "synchronized" => sy);
         g.bench_function("governor", |b| b.iter(|| black_box(gov.check().is_ok())));
         g.finish();
     }
@@ -195,12 +186,7 @@ fn same_clock(c: &mut Criterion) {
             .expect("config");
         let gov = RateLimiter::direct_with_clock(quota, governor::clock::MonotonicClock);
         assert!(lf.try_consume(1).expect("op") && gov.check().is_ok());
-        g.bench_function("lock-free", |b| {
-            b.iter(|| black_box(matches!(lf.try_consume(1), Ok(true))))
-        });
-        g.bench_function("synchronized", |b| {
-            b.iter(|| black_box(matches!(sy.try_consume(1), Ok(true))))
-        });
+        bench_try_consume!(g, "lock-free" => lf, "synchronized" => sy);
         g.bench_function("governor", |b| b.iter(|| black_box(gov.check().is_ok())));
         g.finish();
     }

@@ -1068,6 +1068,15 @@ mod tests {
         );
     }
 
+    fn max_capacity(config: &BucketConfiguration) -> u64 {
+        config
+            .bandwidths()
+            .iter()
+            .map(Bandwidth::capacity)
+            .max()
+            .unwrap()
+    }
+
     fn configs() -> Vec<BucketConfiguration> {
         let secs = Duration::from_secs;
         let build = |limits: Vec<Bandwidth>| {
@@ -1119,12 +1128,7 @@ mod tests {
     fn the_try_consume_decision_is_the_probe() {
         let mut checked = 0;
         for config in configs() {
-            let max_cap = config
-                .bandwidths()
-                .iter()
-                .map(|b| b.capacity())
-                .max()
-                .unwrap();
+            let max_cap = max_capacity(&config);
             let mut starts = vec![BucketState::new(&config, 0)];
             for k in [1, 4, 13] {
                 let mut s = BucketState::new(&config, 0);
@@ -1194,12 +1198,7 @@ mod tests {
     fn the_ratelimit_value_is_the_plain_one() {
         for config in configs() {
             let plan = Plan::new("p", config.clone());
-            let max_cap = config
-                .bandwidths()
-                .iter()
-                .map(|b| b.capacity())
-                .max()
-                .unwrap();
+            let max_cap = max_capacity(&config);
             for k in [0, 2, 9, 40] {
                 for force in [false, true] {
                     let mut state = BucketState::new(&config, 0);
