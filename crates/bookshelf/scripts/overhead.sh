@@ -12,7 +12,9 @@
 # then the median and quartiles of the loss, the median req/s and server CPU per request of
 # each side, and the load before and after. With BASELINE_BINARY (e.g. an older build), a
 # third server runs that binary with the layer in the same rounds, compared with the same
-# `without` side.
+# `without` side. With FLOOR=path (examples/header_floor: the key read and the two headers
+# with constant values, no rate limiting), a fourth server runs it in the same rounds: the
+# cost of sending the headers at all.
 #
 # Needs: wrk, taskset, nice -n -15 (root, or drop NICE below), ports 18080-18082 free.
 set -euo pipefail
@@ -21,6 +23,7 @@ ROUNDS=${1:-16}
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 BIN=${2:-${CARGO_TARGET_DIR:-$ROOT/target}/release/bookshelf}
 BASE=${3:-}
+FLOOR=${FLOOR:-}
 PLANS=$ROOT/crates/bookshelf/bench-plans.toml
 URL_PATH=/books/9781593278281
 DURATION=${DURATION:-2s}
@@ -91,7 +94,11 @@ if [ -n "$BASE" ]; then
     start base "$BASE" 18082 --plans "$PLANS"
     SIDES+=(base)
 fi
-declare -A PORT=([with]=18080 [without]=18081 [base]=18082)
+if [ -n "$FLOOR" ]; then
+    start floor "$FLOOR" 18083
+    SIDES+=(floor)
+fi
+declare -A PORT=([with]=18080 [without]=18081 [base]=18082 [floor]=18083)
 # warm-up
 for s in "${SIDES[@]}"; do
     $NICE taskset -c 1 wrk -t1 -c32 -d1s -H 'X-API-Key: bench-key' \
@@ -116,6 +123,11 @@ for r in $(seq "$ROUNDS"); do
         line="$line baseline loss $bloss %"
         echo "base ${RPS[base]} ${CPU[base]} baseloss $bloss" >> "$RES"
     fi
+    if [ -n "$FLOOR" ]; then
+        floss=$(awk -v a="${RPS[floor]}" -v b="${RPS[without]}" 'BEGIN { printf "%.2f", (1 - a / b) * 100 }')
+        line="$line floor loss $floss %"
+        echo "floor ${RPS[floor]} ${CPU[floor]} floorloss $floss" >> "$RES"
+    fi
     echo "$line"
 done
 
@@ -126,6 +138,10 @@ echo "server CPU us/request with: $(awk '$1 == "with" {print $3}' "$RES" | stats
 if [ -n "$BASE" ]; then
     echo "baseline loss, %: $(awk '$1 == "base" {print $5}' "$RES" | stats)"
     echo "baseline req/s: $(awk '$1 == "base" {print $2}' "$RES" | stats), CPU us/request: $(awk '$1 == "base" {print $3}' "$RES" | stats)"
+fi
+if [ -n "$FLOOR" ]; then
+    echo "header floor loss, %: $(awk '$1 == "floor" {print $5}' "$RES" | stats)"
+    echo "header floor req/s: $(awk '$1 == "floor" {print $2}' "$RES" | stats), CPU us/request: $(awk '$1 == "floor" {print $3}' "$RES" | stats)"
 fi
 echo "load after: $(uptime)"
 rm -f "$RES"

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The rate-limit layer's cost in the real server, in user-space instructions per request:
+# the noise-free complement of overhead.sh (docs/http.md, "Overhead"). A manual benchmark:
+# not run by CI or by `cargo test`.
+#
+#   cargo build --release -p bookshelf --bin bookshelf --example header_floor
+#   crates/bookshelf/scripts/overhead-instructions.sh [BINARY] [FLOOR_BINARY]
+#
+# Each side runs alone under callgrind with one tokio worker: the server with the layer
+# (bench plan, never exhausted), the same binary with `--no-limit`, and the header floor
+# (examples/header_floor.rs: the key read and the two headers with constant values, no
+# rate limiting). `wrk` warms it up, the counters are zeroed, `wrk` drives it for
+# $DURATION, and the instructions executed since are divided by the requests `wrk` counted.
+# Kernel time is not counted, and under valgrind `FastClock` reads the clock through
+# `clock_gettime` (about 90 instructions more per request than natively). The counts repeat
+# to about 0.1 % whatever else runs on the machine.
+#
+# Needs: valgrind (callgrind_control), wrk, curl, ports 18090-18092 free.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=${1:-$TARGET/release/bookshelf}
+FLOOR=${2:-$TARGET/release/examples/header_floor}
+PLANS=$ROOT/crates/bookshelf/bench-plans.toml
+URL_PATH=/books/9781593278281
+DURATION=${DURATION:-10s}
+
+for b in "$BIN" "$FLOOR"; do
+    [ -x "$b" ] || {
+        echo "no binary at $b (cargo build --release -p bookshelf --bin bookshelf --example header_floor)" >&2
+        exit 1
+    }
+done
+for c in valgrind callgrind_control callgrind_annotate wrk curl; do
+    command -v "$c" > /dev/null || { echo "$c is not installed" >&2; exit 1; }
+done
+
+OUT=$(mktemp -d)
+VPID=
+cleanup() {
+    [ -n "$VPID" ] && kill "$VPID" 2> /dev/null || true
+    wait 2> /dev/null || true
+    rm -rf "$OUT"
+}
+trap cleanup EXIT
+
+measure() { # name port binary args... -> "instructions_per_request requests"
+    local name=$1 port=$2
+    shift 2
+    (cd "$OUT" && TOKIO_WORKER_THREADS=1 exec valgrind --tool=callgrind \
+        --callgrind-out-file="$OUT/$name.out" "$@" --addr "127.0.0.1:$port" \
+        > "$OUT/$name.log" 2>&1) &
+    VPID=$!
+    local up=
+    for _ in $(seq 200); do
+        if curl -s -o /dev/null -H 'X-API-Key: bench-key' "http://127.0.0.1:$port$URL_PATH"; then
+            up=1
+            break
+        fi
+        sleep 0.2
+    done
+    [ -n "$up" ] || { echo "server $name did not start (see $OUT/$name.log)" >&2; exit 1; }
+    local url="http://127.0.0.1:$port$URL_PATH"
+    wrk -t1 -c8 -d3s -H 'X-API-Key: bench-key' "$url" > /dev/null
+    callgrind_control -z "$VPID" > /dev/null 2>&1
+    local out n
+    out=$(wrk -t1 -c8 -d"$DURATION" -H 'X-API-Key: bench-key' "$url")
+    if echo "$out" | grep -q 'Non-2xx'; then
+        echo "non-2xx responses from $name" >&2
+        exit 1
+    fi
+    n=$(echo "$out" | awk '/requests in/ {print $1}')
+    callgrind_control -d "$VPID" > /dev/null 2>&1
+    local dump
+    for _ in $(seq 50); do
+        dump=$(ls "$OUT/$name.out".* 2> /dev/null | head -1 || true)
+        [ -n "$dump" ] && break
+        sleep 0.2
+    done
+    kill -INT "$VPID" 2> /dev/null || true
+    wait "$VPID" 2> /dev/null || true
+    VPID=
+    local ir
+    ir=$(callgrind_annotate "$dump" 2> /dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+    awk -v i="$ir" -v n="$n" 'BEGIN { printf "%.0f %d\n", i / n, n }'
+}
+
+read -r WITHOUT NW < <(measure without 18090 "$BIN" --no-limit)
+read -r WITH NL < <(measure with 18091 "$BIN" --plans "$PLANS")
+read -r FLOORI NF < <(measure floor 18092 "$FLOOR")
+
+echo "user-space instructions per request (requests counted: $NW, $NL, $NF):"
+awk -v w="$WITH" -v o="$WITHOUT" -v f="$FLOORI" 'BEGIN {
+    printf "  without the layer (--no-limit): %d\n", o
+    printf "  with the layer:                 %d  (+%d, +%.1f %%)\n", w, w - o, (w - o) / o * 100
+    printf "  header floor:                   %d  (+%d, +%.1f %%)\n", f, f - o, (f - o) / o * 100
+    printf "  the layer beyond the floor:     %d\n", w - f
+}'
