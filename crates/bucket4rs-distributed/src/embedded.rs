@@ -1,6 +1,8 @@
 //! The embedded in-memory backend: the default, and a keyed in-process limiter.
 
+use core::borrow::Borrow;
 use core::fmt;
+use core::hash::{Hash, Hasher};
 use core::sync::atomic::{AtomicUsize, Ordering};
 use core::time::Duration;
 use std::sync::Arc;
@@ -118,6 +120,24 @@ fn expiry(at: i64, ttl: Option<Duration>) -> i64 {
     })
 }
 
+/// A key of the map: a [`StorageKey`] looked up by its bytes (`[u8]`'s hashing and
+/// equality), so a key encoded on the stack needs no UTF-8 check to be found
+/// ([`EmbeddedBackend::take_live`]).
+#[derive(PartialEq, Eq)]
+struct MapKey(StorageKey);
+
+impl Hash for MapKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.as_bytes().hash(state);
+    }
+}
+
+impl Borrow<[u8]> for MapKey {
+    fn borrow(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
 /// Sweeps never run more often than this many new keys apart.
 const MIN_SWEEP_INTERVAL: usize = 1024;
 
@@ -174,7 +194,7 @@ const MIN_SWEEP_INTERVAL: usize = 1024;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct EmbeddedBackend {
-    map: DashMap<StorageKey, Slot, RandomState>,
+    map: DashMap<MapKey, Slot, RandomState>,
     clock: Arc<dyn Clock + Send + Sync>,
     max_keys: Option<usize>,
     live: AtomicUsize,
@@ -299,7 +319,7 @@ impl EmbeddedBackend {
         loop {
             let now = self.clock.now_nanos();
             let backend_now = tx.needs_backend_clock().then_some(now);
-            match self.map.entry(key.to_owned()) {
+            match self.map.entry(MapKey(key.to_owned())) {
                 MapEntry::Occupied(mut o) => {
                     let live = !o.get_mut().expired_mut(now);
                     let current = if live {
@@ -374,7 +394,7 @@ impl EmbeddedBackend {
         let backend_now = tx.needs_backend_clock().then_some(now);
         // The common case, a live key: its shard's write lock through a borrowed key (no
         // key clone), the record updated in place.
-        if let Some(mut slot) = self.map.get_mut(key.as_str()) {
+        if let Some(mut slot) = self.map.get_mut(key.as_str().as_bytes()) {
             if !slot.expired_mut(now) {
                 match tx.apply_decoded_lazy(Some(&mut slot.record), backend_now) {
                     DecodedWrite::Updated { ttl } => slot.updated(now, ttl, tx.ttl_margin()),
@@ -394,6 +414,33 @@ impl EmbeddedBackend {
             }
         }
         self.transact_slow(key, tx)
+    }
+
+    /// The manager's in-place path for an operation that only takes tokens, computed at
+    /// this backend's clock ([`InProcessBucket`](crate::InProcessBucket) with the default
+    /// time source): `run` is given the live record of `key` and the clock reading, under
+    /// the key's shard lock, and answers its output and whether it took tokens. The same
+    /// steps as [`transact_sync`](Self::transact_sync) with a transaction answering
+    /// [`DecodedWrite::Consumed`] (or [`DecodedWrite::Keep`]), without the transaction.
+    ///
+    /// `None`, with `run` not called, when the key is absent or expired: the caller then
+    /// runs its transaction (which creates the record, with the key cap and the sweeps).
+    pub(crate) fn take_live<T>(
+        &self,
+        key: &[u8],
+        margin: Duration,
+        run: impl FnOnce(&mut Record, i64) -> (T, bool),
+    ) -> Option<T> {
+        let now = self.clock.now_nanos();
+        let mut slot = self.map.get_mut(key)?;
+        if slot.expired_mut(now) {
+            return None;
+        }
+        let (out, took) = run(&mut slot.record, now);
+        if took {
+            slot.consumed(now, now, margin);
+        }
+        Some(out)
     }
 }
 
@@ -423,14 +470,14 @@ impl Backend for EmbeddedBackend {
         let now = self.clock.now_nanos();
         Ok(self
             .map
-            .get(key)
+            .get(key.as_bytes())
             .filter(|s| !s.expired(now))
             .map(|s| format::encode(&s.record.config, &s.record.state)))
     }
 
     async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
         let now = self.clock.now_nanos();
-        match self.map.remove(key) {
+        match self.map.remove(key.as_bytes()) {
             Some((_, slot)) => {
                 self.live.fetch_sub(1, Ordering::AcqRel);
                 Ok(!slot.expired(now))

@@ -125,6 +125,14 @@ pub(crate) enum EncodedKey {
 }
 
 impl EncodedKey {
+    /// The key's bytes, without the UTF-8 check of [`as_key_ref`](Self::as_key_ref).
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline { buf, len } => &buf[..*len],
+            Self::Heap(k) => k.as_bytes(),
+        }
+    }
+
     pub(crate) fn as_key_ref(&self) -> StorageKeyRef<'_> {
         match self {
             // ASCII by construction, so `from_utf8` cannot fail; the fallback keeps this
