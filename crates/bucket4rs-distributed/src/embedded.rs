@@ -76,14 +76,23 @@ impl Slot {
     /// instant): the current expiry stays as a lower bound, unless there is none to keep
     /// (the key never expired), it was computed with another margin, or the operation ran
     /// on another clock than the backend's.
+    ///
+    /// Inlined (it runs on every consumption); the exact TTL is computed out of line.
+    #[inline]
     fn consumed(&mut self, at: i64, now: i64, margin: Duration) {
         if self.expires_at != NEVER && self.margin == nanos(margin) && at == now && now != NOT_LAZY
         {
             self.lazy = now;
         } else {
-            let ttl = self.record.ttl(now, margin);
-            self.updated(at, ttl, margin);
+            self.consumed_exact(at, now, margin);
         }
+    }
+
+    /// [`consumed`](Self::consumed) when the expiry must be computed now.
+    #[inline(never)]
+    fn consumed_exact(&mut self, at: i64, now: i64, margin: Duration) {
+        let ttl = self.record.ttl(now, margin);
+        self.updated(at, ttl, margin);
     }
 
     /// The exact expiry instant ([`NEVER`]: never).
@@ -101,10 +110,20 @@ impl Slot {
 
     /// Whether the key has expired at `now`; computes and keeps the exact expiry when the
     /// lower bound has passed.
+    ///
+    /// Inlined for its common answer (the lower bound has not passed); the rest is out of
+    /// line.
+    #[inline]
     fn expired_mut(&mut self, now: i64) -> bool {
         if now < self.expires_at || self.expires_at == NEVER {
             return false;
         }
+        self.expired_exact(now)
+    }
+
+    /// [`expired_mut`](Self::expired_mut) once the lower bound has passed.
+    #[inline(never)]
+    fn expired_exact(&mut self, now: i64) -> bool {
         if self.lazy != NOT_LAZY {
             self.expires_at = self.exact_expiry();
             self.lazy = NOT_LAZY;

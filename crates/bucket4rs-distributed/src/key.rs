@@ -126,6 +126,7 @@ pub(crate) enum EncodedKey {
 
 impl EncodedKey {
     /// The key's bytes, without the UTF-8 check of [`as_key_ref`](Self::as_key_ref).
+    #[inline]
     pub(crate) fn as_bytes(&self) -> &[u8] {
         match self {
             Self::Inline { buf, len } => &buf[..*len],
