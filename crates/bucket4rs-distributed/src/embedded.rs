@@ -444,6 +444,7 @@ impl EmbeddedBackend {
     ///
     /// `None`, with `run` not called, when the key is absent or expired: the caller then
     /// runs its transaction (which creates the record, with the key cap and the sweeps).
+    #[inline]
     pub(crate) fn take_live<T>(
         &self,
         key: &[u8],
