@@ -168,6 +168,8 @@ const MIN_SWEEP_INTERVAL: usize = 1024;
 ///   transactions run through [`Transaction::apply_decoded_lazy`] (no decoding, checksum,
 ///   encoding or buffer per call), and the backend is [in-process](Backend::is_in_process)
 ///   (the manager skips its timeout and retries). [`read`](Backend::read) encodes on demand.
+///   The manager's in-process consumptions of a live key skip the transaction and run on
+///   the record in place ([`ProxyManager::in_process_bucket`](crate::ProxyManager::in_process_bucket)).
 /// - **Bounded memory**: an idle key is dropped once its bucket would be full again (plus
 ///   the manager's TTL margin) — never earlier, which would hand its client a fresh bucket.
 ///   Expired keys read as absent at once and are swept when the map has doubled since the

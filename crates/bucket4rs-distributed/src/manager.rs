@@ -542,6 +542,11 @@ impl<B: Backend> ProxyManager<B> {
     /// and cloned only when the key has no bucket yet). For hot paths such as a
     /// per-request limiter in an HTTP layer.
     ///
+    /// On an [`EmbeddedBackend`](crate::EmbeddedBackend) with the backend's clock (the
+    /// default [`TimeSource`]), the `*_with` consumptions of a live key skip even the
+    /// transaction: the operation runs on the key's record in place, with the steps and
+    /// results of the transaction it stands for.
+    ///
     /// # Errors
     /// [`DistributedError::Key`] when the key is too long.
     ///
@@ -769,8 +774,10 @@ impl<B: Backend> RemoteBucketBuilder<B> {
 /// [`ProxyManager::in_process_bucket`].
 ///
 /// Its operations are those of [`RemoteBucket`], in their verbose form, without `async`:
-/// each runs one transaction through [`Backend::transact_now`] and returns the same
-/// [`Verbose`] result the async call would.
+/// each runs one transaction through [`Backend::transact_now`] (or, for the `*_with`
+/// consumptions of a live [`EmbeddedBackend`](crate::EmbeddedBackend) key at the backend's
+/// clock, the same steps in place, see [`ProxyManager::in_process_bucket`]) and returns the
+/// same [`Verbose`] result the async call would.
 ///
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
