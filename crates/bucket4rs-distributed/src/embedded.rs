@@ -1,6 +1,8 @@
 //! The embedded in-memory backend: the default, and a keyed in-process limiter.
 
+use core::borrow::Borrow;
 use core::fmt;
+use core::hash::{Hash, Hasher};
 use core::sync::atomic::{AtomicUsize, Ordering};
 use core::time::Duration;
 use std::sync::Arc;
@@ -74,14 +76,23 @@ impl Slot {
     /// instant): the current expiry stays as a lower bound, unless there is none to keep
     /// (the key never expired), it was computed with another margin, or the operation ran
     /// on another clock than the backend's.
+    ///
+    /// Inlined (it runs on every consumption); the exact TTL is computed out of line.
+    #[inline]
     fn consumed(&mut self, at: i64, now: i64, margin: Duration) {
         if self.expires_at != NEVER && self.margin == nanos(margin) && at == now && now != NOT_LAZY
         {
             self.lazy = now;
         } else {
-            let ttl = self.record.ttl(now, margin);
-            self.updated(at, ttl, margin);
+            self.consumed_exact(at, now, margin);
         }
+    }
+
+    /// [`consumed`](Self::consumed) when the expiry must be computed now.
+    #[inline(never)]
+    fn consumed_exact(&mut self, at: i64, now: i64, margin: Duration) {
+        let ttl = self.record.ttl(now, margin);
+        self.updated(at, ttl, margin);
     }
 
     /// The exact expiry instant ([`NEVER`]: never).
@@ -99,10 +110,20 @@ impl Slot {
 
     /// Whether the key has expired at `now`; computes and keeps the exact expiry when the
     /// lower bound has passed.
+    ///
+    /// Inlined for its common answer (the lower bound has not passed); the rest is out of
+    /// line.
+    #[inline]
     fn expired_mut(&mut self, now: i64) -> bool {
         if now < self.expires_at || self.expires_at == NEVER {
             return false;
         }
+        self.expired_exact(now)
+    }
+
+    /// [`expired_mut`](Self::expired_mut) once the lower bound has passed.
+    #[inline(never)]
+    fn expired_exact(&mut self, now: i64) -> bool {
         if self.lazy != NOT_LAZY {
             self.expires_at = self.exact_expiry();
             self.lazy = NOT_LAZY;
@@ -118,6 +139,24 @@ fn expiry(at: i64, ttl: Option<Duration>) -> i64 {
     })
 }
 
+/// A key of the map: a [`StorageKey`] looked up by its bytes (`[u8]`'s hashing and
+/// equality), so a key encoded on the stack needs no UTF-8 check to be found
+/// ([`EmbeddedBackend::take_live`]).
+#[derive(PartialEq, Eq)]
+struct MapKey(StorageKey);
+
+impl Hash for MapKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.as_bytes().hash(state);
+    }
+}
+
+impl Borrow<[u8]> for MapKey {
+    fn borrow(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
 /// Sweeps never run more often than this many new keys apart.
 const MIN_SWEEP_INTERVAL: usize = 1024;
 
@@ -129,6 +168,8 @@ const MIN_SWEEP_INTERVAL: usize = 1024;
 ///   transactions run through [`Transaction::apply_decoded_lazy`] (no decoding, checksum,
 ///   encoding or buffer per call), and the backend is [in-process](Backend::is_in_process)
 ///   (the manager skips its timeout and retries). [`read`](Backend::read) encodes on demand.
+///   The manager's in-process consumptions of a live key skip the transaction and run on
+///   the record in place ([`ProxyManager::in_process_bucket`](crate::ProxyManager::in_process_bucket)).
 /// - **Bounded memory**: an idle key is dropped once its bucket would be full again (plus
 ///   the manager's TTL margin) — never earlier, which would hand its client a fresh bucket.
 ///   Expired keys read as absent at once and are swept when the map has doubled since the
@@ -174,7 +215,7 @@ const MIN_SWEEP_INTERVAL: usize = 1024;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct EmbeddedBackend {
-    map: DashMap<StorageKey, Slot, RandomState>,
+    map: DashMap<MapKey, Slot, RandomState>,
     clock: Arc<dyn Clock + Send + Sync>,
     max_keys: Option<usize>,
     live: AtomicUsize,
@@ -299,7 +340,7 @@ impl EmbeddedBackend {
         loop {
             let now = self.clock.now_nanos();
             let backend_now = tx.needs_backend_clock().then_some(now);
-            match self.map.entry(key.to_owned()) {
+            match self.map.entry(MapKey(key.to_owned())) {
                 MapEntry::Occupied(mut o) => {
                     let live = !o.get_mut().expired_mut(now);
                     let current = if live {
@@ -374,7 +415,7 @@ impl EmbeddedBackend {
         let backend_now = tx.needs_backend_clock().then_some(now);
         // The common case, a live key: its shard's write lock through a borrowed key (no
         // key clone), the record updated in place.
-        if let Some(mut slot) = self.map.get_mut(key.as_str()) {
+        if let Some(mut slot) = self.map.get_mut(key.as_str().as_bytes()) {
             if !slot.expired_mut(now) {
                 match tx.apply_decoded_lazy(Some(&mut slot.record), backend_now) {
                     DecodedWrite::Updated { ttl } => slot.updated(now, ttl, tx.ttl_margin()),
@@ -394,6 +435,34 @@ impl EmbeddedBackend {
             }
         }
         self.transact_slow(key, tx)
+    }
+
+    /// The manager's in-place path for an operation that only takes tokens, computed at
+    /// this backend's clock ([`InProcessBucket`](crate::InProcessBucket) with the default
+    /// time source): `run` is given the live record of `key` and the clock reading, under
+    /// the key's shard lock, and answers its output and whether it took tokens. The same
+    /// steps as [`transact_sync`](Self::transact_sync) with a transaction answering
+    /// [`DecodedWrite::Consumed`] (or [`DecodedWrite::Keep`]), without the transaction.
+    ///
+    /// `None`, with `run` not called, when the key is absent or expired: the caller then
+    /// runs its transaction (which creates the record, with the key cap and the sweeps).
+    #[inline]
+    pub(crate) fn take_live<T>(
+        &self,
+        key: &[u8],
+        margin: Duration,
+        run: impl FnOnce(&mut Record, i64) -> (T, bool),
+    ) -> Option<T> {
+        let now = self.clock.now_nanos();
+        let mut slot = self.map.get_mut(key)?;
+        if slot.expired_mut(now) {
+            return None;
+        }
+        let (out, took) = run(&mut slot.record, now);
+        if took {
+            slot.consumed(now, now, margin);
+        }
+        Some(out)
     }
 }
 
@@ -423,14 +492,14 @@ impl Backend for EmbeddedBackend {
         let now = self.clock.now_nanos();
         Ok(self
             .map
-            .get(key)
+            .get(key.as_bytes())
             .filter(|s| !s.expired(now))
             .map(|s| format::encode(&s.record.config, &s.record.state)))
     }
 
     async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
         let now = self.clock.now_nanos();
-        match self.map.remove(key) {
+        match self.map.remove(key.as_bytes()) {
             Some((_, slot)) => {
                 self.live.fetch_sub(1, Ordering::AcqRel);
                 Ok(!slot.expired(now))

@@ -125,6 +125,15 @@ pub(crate) enum EncodedKey {
 }
 
 impl EncodedKey {
+    /// The key's bytes, without the UTF-8 check of [`as_key_ref`](Self::as_key_ref).
+    #[inline]
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline { buf, len } => &buf[..*len],
+            Self::Heap(k) => k.as_bytes(),
+        }
+    }
+
     pub(crate) fn as_key_ref(&self) -> StorageKeyRef<'_> {
         match self {
             // ASCII by construction, so `from_utf8` cannot fail; the fallback keeps this
@@ -268,6 +277,23 @@ impl KeyPolicy {
     /// The storage key of `user_key` for one call: the same text as [`key`](Self::key),
     /// on the stack when it is short (no allocation).
     pub(crate) fn encode(&self, user_key: &[u8]) -> Result<EncodedKey, KeyError> {
+        let p = self.prefix.len();
+        let len = p + 1 + user_key.len();
+        if len <= INLINE_KEY.min(self.max_len) {
+            // The common case, a key of plain bytes that fits: one pass copies it and
+            // checks it (no separate count of the bytes to escape).
+            let mut buf = [0u8; INLINE_KEY];
+            buf[..p].copy_from_slice(self.prefix.as_bytes());
+            buf[p] = b':';
+            let mut escaped = false;
+            for (to, &b) in buf[p + 1..len].iter_mut().zip(user_key) {
+                *to = b;
+                escaped |= !plain(b);
+            }
+            if !escaped {
+                return Ok(EncodedKey::Inline { buf, len });
+            }
+        }
         let len = self.encoded_len(user_key)?;
         if len > INLINE_KEY {
             return self.key(user_key).map(EncodedKey::Heap);

@@ -15,6 +15,7 @@ use rand::Rng;
 use tokio::sync::oneshot;
 
 use crate::backend::{Backend, BackendClock, Command, DecodedWrite, Transaction, Write};
+use crate::embedded::EmbeddedBackend;
 use crate::error::{BackendError, BackendErrorKind, DistributedError, FormatError};
 use crate::format;
 use crate::key::{EncodedKey, KeyPolicy, StorageKey, StorageKeyRef};
@@ -541,6 +542,11 @@ impl<B: Backend> ProxyManager<B> {
     /// and cloned only when the key has no bucket yet). For hot paths such as a
     /// per-request limiter in an HTTP layer.
     ///
+    /// On an [`EmbeddedBackend`](crate::EmbeddedBackend) with the backend's clock (the
+    /// default [`TimeSource`]), the `*_with` consumptions of a live key skip even the
+    /// transaction: the operation runs on the key's record in place, with the steps and
+    /// results of the transaction it stands for.
+    ///
     /// # Errors
     /// [`DistributedError::Key`] when the key is too long.
     ///
@@ -768,8 +774,10 @@ impl<B: Backend> RemoteBucketBuilder<B> {
 /// [`ProxyManager::in_process_bucket`].
 ///
 /// Its operations are those of [`RemoteBucket`], in their verbose form, without `async`:
-/// each runs one transaction through [`Backend::transact_now`] and returns the same
-/// [`Verbose`] result the async call would.
+/// each runs one transaction through [`Backend::transact_now`] (or, for the `*_with`
+/// consumptions of a live [`EmbeddedBackend`](crate::EmbeddedBackend) key at the backend's
+/// clock, the same steps in place, see [`ProxyManager::in_process_bucket`]) and returns the
+/// same [`Verbose`] result the async call would.
 ///
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
@@ -881,6 +889,10 @@ impl<B: Backend> InProcessBucket<'_, B> {
         F: FnMut(VerboseRef<'_, O::Output>) -> R + Send,
     {
         op.validate()?;
+        let mut f = f;
+        if let Some(done) = self.in_place(&op, &mut f) {
+            return done;
+        }
         let config = self.configuration;
         let supplier = move || config.clone();
         let mut tx = InspectTx {
@@ -890,6 +902,40 @@ impl<B: Backend> InProcessBucket<'_, B> {
         };
         self.transact(&mut tx)?;
         tx.out.unwrap_or_else(|| Err(not_run()))
+    }
+
+    /// `op` on the live record of an [`EmbeddedBackend`] without a transaction, when the
+    /// manager computes at the backend's clock and `op` only takes tokens: the steps (and
+    /// results) of the transaction [`op_with`](Self::op_with) runs otherwise, whose
+    /// backend would answer [`DecodedWrite::Consumed`] or [`DecodedWrite::Keep`]. `None`,
+    /// with nothing run, in any other case (another backend or clock, another operation,
+    /// an absent or expired key): the transaction handles those.
+    fn in_place<O, R, F>(&self, op: &O, f: &mut F) -> Option<Result<R, DistributedError>>
+    where
+        O: RemoteOp,
+        F: FnMut(VerboseRef<'_, O::Output>) -> R,
+    {
+        let inner = &self.manager.inner;
+        if inner.time.0.is_some() || !only_takes_tokens(op.command()) {
+            return None;
+        }
+        let backend = (&inner.backend as &dyn core::any::Any).downcast_ref::<EmbeddedBackend>()?;
+        backend.take_live(self.key.as_bytes(), inner.ttl_margin, |record, now| {
+            #[cfg(test)]
+            tests::IN_PLACE_RUNS.with(|n| n.set(n.get() + 1));
+            match run_op(op, record, now) {
+                Ok((value, took)) => {
+                    let out = f(VerboseRef {
+                        value,
+                        configuration: &record.config,
+                        state: &record.state,
+                        now_nanos: now,
+                    });
+                    (Ok(out), took)
+                }
+                Err(e) => (Err(e), false),
+            }
+        })
     }
 
     fn tx<'s, O>(
@@ -1186,26 +1232,36 @@ where
         now: i64,
         _wall: bool,
     ) -> Result<(O::Output, bool), DistributedError> {
-        let format::Record { config, state } = record;
-        if state.bandwidths().len() != config.bandwidths().len() {
-            return Err(OperationError::StateMismatch.into());
-        }
-        // `execute` computes everything before its first write, so an error leaves the
-        // state untouched.
-        let cells = core::cell::Cell::from_mut(state.bandwidths_mut()).as_slice_of_cells();
-        let mut wrote = false;
-        let value = ops::execute(
-            &self.0,
-            config,
-            now,
-            |i| cells[i].get(),
-            |i, s| {
-                cells[i].set(s);
-                wrote = true;
-            },
-        )?;
-        Ok((value, wrote))
+        run_op(&self.0, record, now)
     }
+}
+
+/// `op` on `record` at `now`: its output and whether it wrote the state. On an error
+/// `record` is left untouched.
+fn run_op<O: Operation>(
+    op: &O,
+    record: &mut format::Record,
+    now: i64,
+) -> Result<(O::Output, bool), DistributedError> {
+    let format::Record { config, state } = record;
+    if state.bandwidths().len() != config.bandwidths().len() {
+        return Err(OperationError::StateMismatch.into());
+    }
+    // `execute` computes everything before its first write, so an error leaves the
+    // state untouched.
+    let cells = core::cell::Cell::from_mut(state.bandwidths_mut()).as_slice_of_cells();
+    let mut wrote = false;
+    let value = ops::execute(
+        op,
+        config,
+        now,
+        |i| cells[i].get(),
+        |i, s| {
+            cells[i].set(s);
+            wrote = true;
+        },
+    )?;
+    Ok((value, wrote))
 }
 
 struct ReplaceJob(BucketConfiguration, TokensInheritanceStrategy);
@@ -2532,5 +2588,157 @@ impl<B: Backend> BlockingRemoteBucket<B> {
             std::thread::sleep(wait);
         }
         Ok(wait)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bucket4rs_core::{Bandwidth, ManualClock};
+    use std::cell::Cell;
+
+    std::thread_local! {
+        /// How many operations [`InProcessBucket::in_place`] ran on this thread.
+        pub(super) static IN_PLACE_RUNS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// An [`EmbeddedBackend`] the manager does not recognise: every operation goes through
+    /// a transaction (the generic path).
+    #[derive(Debug)]
+    struct Generic(EmbeddedBackend);
+
+    #[async_trait::async_trait]
+    impl Backend for Generic {
+        async fn transact(
+            &self,
+            key: &StorageKey,
+            tx: &mut dyn Transaction,
+        ) -> Result<(), BackendError> {
+            self.0.transact(key, tx).await
+        }
+        fn supports_transact_now(&self) -> bool {
+            self.0.supports_transact_now()
+        }
+        fn transact_now(
+            &self,
+            key: StorageKeyRef<'_>,
+            tx: &mut dyn Transaction,
+        ) -> Option<Result<(), BackendError>> {
+            self.0.transact_now(key, tx)
+        }
+        async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+            self.0.read(key).await
+        }
+        async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
+            self.0.remove(key).await
+        }
+        fn is_in_process(&self) -> bool {
+            self.0.is_in_process()
+        }
+        fn clock(&self) -> BackendClock {
+            self.0.clock()
+        }
+    }
+
+    /// What a consumption answered: the callback's view, or the error.
+    type Seen = Result<(String, BucketConfiguration, BucketState, i64), String>;
+
+    fn consume<B: Backend>(
+        manager: &ProxyManager<B>,
+        key: &str,
+        config: &BucketConfiguration,
+        tokens: u64,
+        with_remaining: bool,
+    ) -> Seen {
+        let bucket = manager
+            .in_process_bucket(key, config)
+            .map_err(|e| format!("{e:?}"))?
+            .expect("in-process");
+        let result = if with_remaining {
+            bucket.try_consume_and_return_remaining_with(tokens, |v| {
+                let value = format!("{:?}", v.value);
+                (value, v.configuration.clone(), v.state.clone(), v.now_nanos)
+            })
+        } else {
+            bucket.try_consume_with(tokens, |v| {
+                let value = format!("{:?}", v.value);
+                (value, v.configuration.clone(), v.state.clone(), v.now_nanos)
+            })
+        };
+        result.map_err(|e| format!("{e:?}"))
+    }
+
+    /// The in-place path gives the results, states and expiries of the transaction it
+    /// stands for: the same random sequence of consumptions (refills, exhausted tokens,
+    /// invalid arguments, keys expiring, a key cap refusing a new key, a configuration
+    /// other than the stored one) through both, compared step by step.
+    #[test]
+    fn in_place_matches_the_transaction() {
+        let fast_clock = ManualClock::new(1_000);
+        let slow_clock = ManualClock::new(1_000);
+        let fast =
+            ProxyManager::new(EmbeddedBackend::with_clock(fast_clock.clone()).with_max_keys(2));
+        let slow = ProxyManager::new(Generic(
+            EmbeddedBackend::with_clock(slow_clock.clone()).with_max_keys(2),
+        ));
+        let secs = Duration::from_secs;
+        let configs = [
+            BucketConfiguration::builder()
+                .add_limit(Bandwidth::simple(5, secs(1)).unwrap())
+                .add_limit(Bandwidth::simple(12, secs(20)).unwrap())
+                .build()
+                .unwrap(),
+            BucketConfiguration::builder()
+                .add_limit(Bandwidth::simple(3, secs(2)).unwrap())
+                .build()
+                .unwrap(),
+        ];
+        let keys = ["a", "b", "c"];
+        let steps = [
+            0,
+            0,
+            1,
+            10,
+            1_000,
+            300_000,
+            1_000_000_000,
+            4_000_000_000,
+            30_000_000_000,
+        ];
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let before = IN_PLACE_RUNS.with(Cell::get);
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let mut refused = 0;
+        for step in 0..5_000 {
+            let key = keys[next(keys.len() as u64) as usize];
+            let config = &configs[next(configs.len() as u64) as usize];
+            let tokens = next(8);
+            let with_remaining = next(2) == 0;
+            let a = consume(&fast, key, config, tokens, with_remaining);
+            let b = consume(&slow, key, config, tokens, with_remaining);
+            assert_eq!(a, b, "step {step}: {key} {tokens}");
+            refused += usize::from(a.as_ref().is_err_and(|e| e.contains("CapacityExhausted")));
+            let by = steps[next(steps.len() as u64) as usize];
+            fast_clock.advance_nanos(by);
+            slow_clock.advance_nanos(by);
+            assert_eq!(fast.backend().len(), slow.backend().0.len(), "step {step}");
+            for k in keys {
+                let k = fast.storage_key(k).unwrap();
+                let a = rt.block_on(fast.backend().read(&k)).unwrap();
+                let b = rt.block_on(slow.backend().read(&k)).unwrap();
+                assert_eq!(a, b, "step {step}: {k}");
+            }
+        }
+        let runs = IN_PLACE_RUNS.with(Cell::get) - before;
+        assert!(runs > 1_000, "{runs} operations in place");
+        assert!(refused > 0, "the key cap never refused a key");
     }
 }
