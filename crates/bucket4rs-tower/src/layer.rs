@@ -495,12 +495,16 @@ where
                     ));
                 }
                 StateProj::Calling { fut, headers } => {
-                    let mut resp = ready!(fut.poll(cx))?;
-                    if let Some(h) = headers.take() {
-                        h.apply(resp.headers_mut());
+                    // The inner future's output is returned as it is, the headers added to
+                    // its response in place: the response is not moved out and back.
+                    let mut out = fut.poll(cx);
+                    if let Poll::Ready(Ok(resp)) = &mut out {
+                        if let Some(h) = headers.take() {
+                            h.apply(resp.headers_mut());
+                        }
+                        state.set(State::Done);
                     }
-                    state.set(State::Done);
-                    return Poll::Ready(Ok(resp));
+                    return out;
                 }
                 StateProj::Ready { resp } => {
                     let resp = resp.take();
