@@ -208,6 +208,10 @@ fn policy_state(
 }
 
 /// Formats the `RateLimit` value of `quotas`, policy `i` at `(r, t) = rt(i)`.
+///
+/// Not inlined: a cached value (the common case) needs none of it, and the caller's fast
+/// path stays small.
+#[inline(never)]
 fn format_value(quotas: &[Quota], rt: impl Fn(usize) -> (u64, u64)) -> Option<HeaderValue> {
     // An upper bound of the value's length; one bandwidth (the common case) fits on the
     // stack, so the value's bytes are allocated once, at their exact size.
@@ -293,19 +297,21 @@ pub(crate) fn cached_value(
         _ => false,
     };
     let value = format()?;
+    remember(slot, plan, r, t, seen.then(|| value.clone()));
+    Some(value)
+}
+
+/// Stores `(plan, r, t)` and its value (when it is to be kept) in `slot` (see
+/// [`cached_value`]); not inlined, as a hit does not store.
+#[inline(never)]
+fn remember(slot: usize, plan: u64, r: u64, t: u64, value: Option<HeaderValue>) {
     // Nothing is stored while the thread is being torn down (or, never in practice, when
     // re-entered).
     let _ = RATELIMIT_VALUES.try_with(|cache| {
         if let Ok(mut cache) = cache.try_borrow_mut() {
-            cache[slot] = Some(CachedValue {
-                plan,
-                r,
-                t,
-                value: seen.then(|| value.clone()),
-            });
+            cache[slot] = Some(CachedValue { plan, r, t, value });
         }
     });
-    Some(value)
 }
 
 #[cfg(test)]

@@ -495,12 +495,16 @@ where
                     ));
                 }
                 StateProj::Calling { fut, headers } => {
-                    let mut resp = ready!(fut.poll(cx))?;
-                    if let Some(h) = headers.take() {
-                        h.apply(resp.headers_mut());
+                    // The inner future's output is returned as it is, the headers added to
+                    // its response in place: the response is not moved out and back.
+                    let mut out = fut.poll(cx);
+                    if let Poll::Ready(Ok(resp)) = &mut out {
+                        if let Some(h) = headers.take() {
+                            h.apply(resp.headers_mut());
+                        }
+                        state.set(State::Done);
                     }
-                    state.set(State::Done);
-                    return Poll::Ready(Ok(resp));
+                    return out;
                 }
                 StateProj::Ready { resp } => {
                     let resp = resp.take();
@@ -825,8 +829,17 @@ where
 
 /// Whether two configurations are equal; first by identity (a bucket created from a plan
 /// shares its configuration's bandwidths, and `Arc<[T]>`'s `==` compares the elements).
+///
+/// Inlined: the identity test is a pointer comparison; the element-wise comparison (a
+/// bucket decoded by a remote backend, or a changed plan) is a call.
+#[inline]
 fn same_config(a: &BucketConfiguration, b: &BucketConfiguration) -> bool {
-    core::ptr::eq(a.bandwidths(), b.bandwidths()) || a == b
+    core::ptr::eq(a.bandwidths(), b.bandwidths()) || equal_configs(a, b)
+}
+
+#[inline(never)]
+fn equal_configs(a: &BucketConfiguration, b: &BucketConfiguration) -> bool {
+    a == b
 }
 
 /// The [`RemoteBucket`] of a client key under `plan`.
