@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The rate-limit layer's HTTP throughput loss, measured in pairs run at the same time: the
+# method for a machine whose speed drifts from second to second (docs/http.md, "How to
+# measure it fairly"). A manual benchmark: not run by CI or by `cargo test`.
+#
+#   cargo build --release -p bookshelf --bin bookshelf --example header_floor
+#   crates/bookshelf/scripts/overhead-paired.sh [ROUNDS] [BINARY] [BASELINE_BINARY]
+#
+# Every server runs on core 0 with one tokio worker; a pair of servers is driven at the
+# same time by two `wrk` (core 1), so both see the same machine, and the scheduler gives
+# the two servers equal CPU time: the one that needs more CPU per request serves fewer
+# requests. In each round every pair runs for $DURATION, the two `wrk` started in an order
+# that alternates between rounds; the loss of a pair is 1 - a/b. The pairs, each against
+# `--no-limit`:
+#   with   the layer (bench plan, never exhausted: every request takes the allowed path)
+#   floor  examples/header_floor: the key read and the two headers with constant values
+#   base   BASELINE_BINARY with the layer (e.g. an older build), if given
+#   a/a    `--no-limit` against itself: the method's own bias and spread
+# Prints every round, then the median and quartiles of each pair's loss.
+#
+# Needs: wrk, taskset, nice -n -15 (root, or drop NICE below), ports 18084-18089 free.
+set -euo pipefail
+
+ROUNDS=${1:-10}
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=${2:-$TARGET/release/bookshelf}
+BASE=${3:-}
+FLOOR=${FLOOR:-$TARGET/release/examples/header_floor}
+PLANS=$ROOT/crates/bookshelf/bench-plans.toml
+URL_PATH=/books/9781593278281
+DURATION=${DURATION:-3s}
+NICE=${NICE:-nice -n -15}
+
+for b in "$BIN" "$FLOOR" ${BASE:+"$BASE"}; do
+    [ -x "$b" ] || {
+        echo "no binary at $b (cargo build --release -p bookshelf --bin bookshelf --example header_floor)" >&2
+        exit 1
+    }
+done
+command -v wrk > /dev/null || { echo "wrk is not installed" >&2; exit 1; }
+
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2> /dev/null || true; done
+    wait 2> /dev/null || true
+}
+trap cleanup EXIT
+
+start() { # port binary args...
+    local port=$1 bin=$2
+    shift 2
+    TOKIO_WORKER_THREADS=1 $NICE taskset -c 0 "$bin" --addr "127.0.0.1:$port" "$@" \
+        > "/tmp/overhead-paired-$port.log" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 100); do
+        if curl -s -o /dev/null -H 'X-API-Key: bench-key' "http://127.0.0.1:$port$URL_PATH"; then
+            return
+        fi
+        sleep 0.1
+    done
+    echo "server on port $port did not start (see /tmp/overhead-paired-$port.log)" >&2
+    exit 1
+}
+
+start 18084 "$BIN" --plans "$PLANS"
+start 18085 "$BIN" --no-limit
+start 18086 "$BIN" --no-limit
+start 18087 "$FLOOR"
+PAIRS=("with 18084" "floor 18087" "a/a 18086")
+if [ -n "$BASE" ]; then
+    start 18088 "$BASE" --plans "$PLANS"
+    PAIRS+=("base 18088")
+fi
+WITHOUT=18085
+
+drive() { # port duration out
+    $NICE taskset -c 1 wrk -t1 -c32 -d"$2" -H 'X-API-Key: bench-key' \
+        "http://127.0.0.1:$1$URL_PATH" > "$3"
+}
+
+requests() { # wrk output file
+    if grep -q 'Non-2xx' "$1"; then
+        echo "non-2xx responses" >&2
+        exit 1
+    fi
+    awk '/requests in/ {print $1}' "$1"
+}
+
+A_OUT=$(mktemp)
+B_OUT=$(mktemp)
+RES=$(mktemp)
+# warm-up
+for port in 18084 18085 18086 18087 ${BASE:+18088}; do drive "$port" 1s /dev/null; done
+
+for r in $(seq "$ROUNDS"); do
+    line="round $r:"
+    for pair in "${PAIRS[@]}"; do
+        read -r name port <<< "$pair"
+        if [ $((r % 2)) = 1 ]; then
+            drive "$port" "$DURATION" "$A_OUT" &
+            p1=$!
+            drive "$WITHOUT" "$DURATION" "$B_OUT" &
+        else
+            drive "$WITHOUT" "$DURATION" "$B_OUT" &
+            p1=$!
+            drive "$port" "$DURATION" "$A_OUT" &
+        fi
+        p2=$!
+        wait "$p1" "$p2"
+        a=$(requests "$A_OUT")
+        b=$(requests "$B_OUT")
+        loss=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", (1 - a / b) * 100 }')
+        echo "$name $loss" >> "$RES"
+        line="$line $name $a/$b ${loss} %;"
+    done
+    echo "$line"
+done
+
+# median and quartiles (linear interpolation) of the numbers on stdin
+stats() {
+    sort -g | awk '{ v[NR] = $1 }
+        function q(p,   h, i) { h = (NR - 1) * p + 1; i = int(h);
+            return i >= NR ? v[NR] : v[i] + (h - i) * (v[i + 1] - v[i]) }
+        END { printf "%.1f (quartiles %.1f-%.1f)", q(0.5), q(0.25), q(0.75) }'
+}
+
+echo "rounds: $ROUNDS of $DURATION per pair; loss against --no-limit, %:"
+for pair in "${PAIRS[@]}"; do
+    read -r name _ <<< "$pair"
+    echo "  $name: $(awk -v n="$name" '$1 == n {print $2}' "$RES" | stats)"
+done
+rm -f "$A_OUT" "$B_OUT" "$RES"
