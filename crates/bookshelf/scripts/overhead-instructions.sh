@@ -19,11 +19,12 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+# shellcheck source=common.sh
+. "$(dirname "$0")/common.sh"
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${1:-$TARGET/release/bookshelf}
 FLOOR=${2:-$TARGET/release/examples/header_floor}
 PLANS=$ROOT/crates/bookshelf/bench-plans.toml
-URL_PATH=/books/9781593278281
 DURATION=${DURATION:-10s}
 
 for b in "$BIN" "$FLOOR"; do
@@ -52,15 +53,8 @@ measure() { # name port binary args... -> "instructions_per_request requests"
         --callgrind-out-file="$OUT/$name.out" "$@" --addr "127.0.0.1:$port" \
         > "$OUT/$name.log" 2>&1) &
     VPID=$!
-    local up=
-    for _ in $(seq 200); do
-        if curl -s -o /dev/null -H 'X-API-Key: bench-key' "http://127.0.0.1:$port$URL_PATH"; then
-            up=1
-            break
-        fi
-        sleep 0.2
-    done
-    [ -n "$up" ] || { echo "server $name did not start (see $OUT/$name.log)" >&2; exit 1; }
+    # valgrind starts slowly
+    wait_for_server "$port" "$OUT/$name.log" 400
     local url="http://127.0.0.1:$port$URL_PATH"
     wrk -t1 -c8 -d3s -H 'X-API-Key: bench-key' "$url" > /dev/null
     callgrind_control -z "$VPID" > /dev/null 2>&1

@@ -23,12 +23,13 @@ set -euo pipefail
 
 ROUNDS=${1:-10}
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+# shellcheck source=common.sh
+. "$(dirname "$0")/common.sh"
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${2:-$TARGET/release/bookshelf}
 BASE=${3:-}
 FLOOR=${FLOOR:-$TARGET/release/examples/header_floor}
 PLANS=$ROOT/crates/bookshelf/bench-plans.toml
-URL_PATH=/books/9781593278281
 DURATION=${DURATION:-3s}
 NICE=${NICE:-nice -n -15}
 
@@ -53,14 +54,7 @@ start() { # port binary args...
     TOKIO_WORKER_THREADS=1 $NICE taskset -c 0 "$bin" --addr "127.0.0.1:$port" "$@" \
         > "/tmp/overhead-paired-$port.log" 2>&1 &
     PIDS+=($!)
-    for _ in $(seq 100); do
-        if curl -s -o /dev/null -H 'X-API-Key: bench-key' "http://127.0.0.1:$port$URL_PATH"; then
-            return
-        fi
-        sleep 0.1
-    done
-    echo "server on port $port did not start (see /tmp/overhead-paired-$port.log)" >&2
-    exit 1
+    wait_for_server "$port" "/tmp/overhead-paired-$port.log"
 }
 
 start 18084 "$BIN" --plans "$PLANS"
@@ -116,14 +110,6 @@ for r in $(seq "$ROUNDS"); do
     done
     echo "$line"
 done
-
-# median and quartiles (linear interpolation) of the numbers on stdin
-stats() {
-    sort -g | awk '{ v[NR] = $1 }
-        function q(p,   h, i) { h = (NR - 1) * p + 1; i = int(h);
-            return i >= NR ? v[NR] : v[i] + (h - i) * (v[i + 1] - v[i]) }
-        END { printf "%.1f (quartiles %.1f-%.1f)", q(0.5), q(0.25), q(0.75) }'
-}
 
 echo "rounds: $ROUNDS of $DURATION per pair; loss against --no-limit, %:"
 for pair in "${PAIRS[@]}"; do

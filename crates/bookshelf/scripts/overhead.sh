@@ -21,11 +21,12 @@ set -euo pipefail
 
 ROUNDS=${1:-16}
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+# shellcheck source=common.sh
+. "$(dirname "$0")/common.sh"
 BIN=${2:-${CARGO_TARGET_DIR:-$ROOT/target}/release/bookshelf}
 BASE=${3:-}
 FLOOR=${FLOOR:-}
 PLANS=$ROOT/crates/bookshelf/bench-plans.toml
-URL_PATH=/books/9781593278281
 DURATION=${DURATION:-2s}
 NICE=${NICE:-nice -n -15}
 TICKS=$(getconf CLK_TCK)
@@ -47,14 +48,7 @@ start() { # name binary port args...
         > "/tmp/overhead-$name.log" 2>&1 &
     PIDS+=($!)
     eval "PID_$name=$!"
-    for _ in $(seq 100); do
-        if curl -s -o /dev/null -H 'X-API-Key: bench-key' "http://127.0.0.1:$port$URL_PATH"; then
-            return
-        fi
-        sleep 0.1
-    done
-    echo "server $name did not start (see /tmp/overhead-$name.log)" >&2
-    exit 1
+    wait_for_server "$port" "/tmp/overhead-$name.log"
 }
 
 cpu_ticks() { # pid: utime + stime
@@ -76,14 +70,6 @@ run() { # name port -> "req/s cpu_us_per_request"
     fi
     awk -v r="$rps" -v n="$reqs" -v t="$((after - before))" -v hz="$TICKS" \
         'BEGIN { printf "%.0f %.2f\n", r, t / hz * 1e6 / n }'
-}
-
-# median and quartiles (linear interpolation) of the numbers on stdin
-stats() {
-    sort -g | awk '{ v[NR] = $1 }
-        function q(p,   h, i) { h = (NR - 1) * p + 1; i = int(h);
-            return i >= NR ? v[NR] : v[i] + (h - i) * (v[i + 1] - v[i]) }
-        END { printf "%.1f (quartiles %.1f-%.1f)", q(0.5), q(0.25), q(0.75) }'
 }
 
 echo "load before: $(uptime)"
