@@ -17,6 +17,12 @@ wait_for_server() { # port log [tries]
     exit 1
 }
 
+# Stops the servers whose pids are in the array PIDS (for `trap stop_servers EXIT`).
+stop_servers() {
+    for p in "${PIDS[@]}"; do kill "$p" 2> /dev/null || true; done
+    wait 2> /dev/null || true
+}
+
 # The median and quartiles (linear interpolation) of the numbers on stdin.
 stats() {
     sort -g | awk '{ v[NR] = $1 }

@@ -42,11 +42,7 @@ done
 command -v wrk > /dev/null || { echo "wrk is not installed" >&2; exit 1; }
 
 PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2> /dev/null || true; done
-    wait 2> /dev/null || true
-}
-trap cleanup EXIT
+trap stop_servers EXIT
 
 start() { # port binary args...
     local port=$1 bin=$2

@@ -35,11 +35,7 @@ TICKS=$(getconf CLK_TCK)
 command -v wrk > /dev/null || { echo "wrk is not installed" >&2; exit 1; }
 
 PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2> /dev/null || true; done
-    wait 2> /dev/null || true
-}
-trap cleanup EXIT
+trap stop_servers EXIT
 
 start() { # name binary port args...
     local name=$1 bin=$2 port=$3
