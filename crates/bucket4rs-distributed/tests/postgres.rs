@@ -212,6 +212,9 @@ fn the_locking_fallback_creates_and_updates_exactly_and_hands_back_to_compare_an
         let cfg = || simple(100, Duration::from_secs(1_000_000));
         // 16 clients that always lock (0 optimistic rounds), database clock (the default),
         // create the SAME absent key at once: the losers of the INSERT lock the winner's row.
+        // The 16 queue on one row lock; on a loaded machine the last ones can wait longer
+        // than the default lock, statement and call timeouts, whose retry would take the
+        // locking path twice: generous timeouts keep this test about the locking path.
         let barrier = Arc::new(tokio::sync::Barrier::new(16));
         let mut tasks = Vec::new();
         for _ in 0..16 {
@@ -219,13 +222,18 @@ fn the_locking_fallback_creates_and_updates_exactly_and_hands_back_to_compare_an
                 &table.name,
                 PostgresOptions::default()
                     .optimistic_rounds(0)
-                    .max_connections(1),
+                    .max_connections(1)
+                    .lock_timeout(Duration::from_secs(20))
+                    .statement_timeout(Duration::from_secs(30)),
                 &url(),
             )
             .await;
             let barrier = barrier.clone();
             tasks.push(tokio::spawn(async move {
-                let manager = ProxyManager::new(backend.clone());
+                let manager = ProxyManager::configure(backend.clone())
+                    .timeout(Duration::from_secs(60))
+                    .build()
+                    .unwrap();
                 let b = manager.builder().build("same", cfg).unwrap();
                 barrier.wait().await;
                 let v = b.verbose().try_consume(1).await;
