@@ -279,21 +279,22 @@ impl KeyPolicy {
     pub(crate) fn encode(&self, user_key: &[u8]) -> Result<EncodedKey, KeyError> {
         let p = self.prefix.len();
         let len = p + 1 + user_key.len();
-        if len <= INLINE_KEY.min(self.max_len) {
-            // The common case, a key of plain bytes that fits: one pass copies it and
-            // checks it (no separate count of the bytes to escape).
+        // The common case, a short key of plain bytes: checked, then copied. Compact on
+        // purpose: it runs once per request of an HTTP layer, whose code is fetched anew for
+        // each request (docs/http.md), so the rest is out of line.
+        if len <= INLINE_KEY.min(self.max_len) && user_key.iter().all(|&b| plain(b)) {
             let mut buf = [0u8; INLINE_KEY];
             buf[..p].copy_from_slice(self.prefix.as_bytes());
             buf[p] = b':';
-            let mut escaped = false;
-            for (to, &b) in buf[p + 1..len].iter_mut().zip(user_key) {
-                *to = b;
-                escaped |= !plain(b);
-            }
-            if !escaped {
-                return Ok(EncodedKey::Inline { buf, len });
-            }
+            buf[p + 1..len].copy_from_slice(user_key);
+            return Ok(EncodedKey::Inline { buf, len });
         }
+        self.encode_escaped(user_key)
+    }
+
+    /// [`encode`](Self::encode) of a key with bytes to escape, or a long one.
+    #[inline(never)]
+    fn encode_escaped(&self, user_key: &[u8]) -> Result<EncodedKey, KeyError> {
         let len = self.encoded_len(user_key)?;
         if len > INLINE_KEY {
             return self.key(user_key).map(EncodedKey::Heap);
@@ -303,19 +304,15 @@ impl KeyPolicy {
         buf[..p].copy_from_slice(self.prefix.as_bytes());
         buf[p] = b':';
         let rest = &mut buf[p + 1..len];
-        if rest.len() == user_key.len() {
-            rest.copy_from_slice(user_key);
-        } else {
-            let mut at = 0;
-            for &b in user_key {
-                if plain(b) {
-                    rest[at] = b;
-                    at += 1;
-                } else {
-                    let [h, l] = escape(b);
-                    rest[at..at + 3].copy_from_slice(&[b'%', h, l]);
-                    at += 3;
-                }
+        let mut at = 0;
+        for &b in user_key {
+            if plain(b) {
+                rest[at] = b;
+                at += 1;
+            } else {
+                let [h, l] = escape(b);
+                rest[at..at + 3].copy_from_slice(&[b'%', h, l]);
+                at += 3;
             }
         }
         Ok(EncodedKey::Inline { buf, len })
@@ -327,20 +324,25 @@ fn escape(b: u8) -> [u8; 2] {
     [HEX[(b >> 4) as usize], HEX[(b & 15) as usize]]
 }
 
+/// Whether a storage key keeps `b` as it is: `[A-Za-z0-9._-]`. A bit mask rather than a
+/// table, so the check reads no memory.
+#[inline]
 fn plain(b: u8) -> bool {
-    PLAIN[b as usize]
+    b < 128 && (PLAIN >> b) & 1 == 1
 }
 
-/// Which bytes a storage key keeps as they are: `[A-Za-z0-9._-]`.
-const PLAIN: [bool; 256] = {
-    let mut t = [false; 256];
+/// Bit `b` is set for each byte `b` that [`plain`] keeps.
+const PLAIN: u128 = {
+    let mut m = 0u128;
     let mut b = 0;
-    while b < 256 {
+    while b < 128 {
         let c = b as u8;
-        t[b] = c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-');
+        if c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-') {
+            m |= 1 << b;
+        }
         b += 1;
     }
-    t
+    m
 };
 
 #[cfg(test)]
@@ -375,6 +377,16 @@ mod tests {
             p.encode(b"abcdefg").err(),
             Some(KeyError::TooLong { len: 9, max: 8 })
         );
+    }
+
+    /// The bit mask keeps exactly the documented bytes, `[A-Za-z0-9._-]`, and no byte of
+    /// 128 or more.
+    #[test]
+    fn plain_bytes_are_exactly_letters_digits_dot_underscore_and_dash() {
+        for b in 0..=u8::MAX {
+            let expected = b.is_ascii_alphanumeric() || b"._-".contains(&b);
+            assert_eq!(plain(b), expected, "byte {b:#04x}");
+        }
     }
 
     /// `encode` (stack or heap) gives exactly `key`'s text, for plain and escaped keys on

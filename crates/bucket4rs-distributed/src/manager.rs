@@ -893,6 +893,19 @@ impl<B: Backend> InProcessBucket<'_, B> {
         if let Some(done) = self.in_place(&op, &mut f) {
             return done;
         }
+        self.op_with_tx(op, f)
+    }
+
+    /// [`op_with`](Self::op_with) through a transaction. Out of line: a live key of the
+    /// embedded backend does not need it, and the in-place path stays compact.
+    #[inline(never)]
+    fn op_with_tx<O, R, F>(&self, op: O, f: F) -> Result<R, DistributedError>
+    where
+        O: RemoteOp,
+        O::Output: Send + Sync,
+        R: Send,
+        F: FnMut(VerboseRef<'_, O::Output>) -> R + Send,
+    {
         let config = self.configuration;
         let supplier = move || config.clone();
         let mut tx = InspectTx {
