@@ -166,13 +166,21 @@ pub(crate) fn ratelimit_header(
     cost: u64,
 ) -> Option<HeaderValue> {
     let (quotas, singles) = (plan.quotas(), plan.singles());
+    if let ([_], [single], [s]) = (quotas, singles, state.bandwidths()) {
+        let (r, t) = policy_state(single, *s, now, cost);
+        return cached_value(plan.id(), r, t, || format_value(quotas, |_| (r, t)));
+    }
+    several_policies(plan, state, now, cost)
+}
+
+/// [`ratelimit_header`] of a plan of several bandwidths (or a state that does not match
+/// the plan): formatted, not cached. Out of line, so the one-bandwidth path stays compact.
+#[inline(never)]
+fn several_policies(plan: &Plan, state: &BucketState, now: i64, cost: u64) -> Option<HeaderValue> {
+    let (quotas, singles) = (plan.quotas(), plan.singles());
     let states = state.bandwidths();
     if quotas.len() != states.len() || singles.len() != states.len() {
         return None;
-    }
-    if let ([_], [single], [s]) = (quotas, singles, states) {
-        let (r, t) = policy_state(single, *s, now, cost);
-        return cached_value(plan.id(), r, t, || format_value(quotas, |_| (r, t)));
     }
     format_value(quotas, |i| policy_state(&singles[i], states[i], now, cost))
 }
@@ -193,6 +201,19 @@ fn policy_state(
             return (tokens.min(SF_INT_MAX), 0);
         }
     }
+    refilled_policy_state(single, s, now, cost, capacity)
+}
+
+/// [`policy_state`] of a bandwidth to refill first, or short of `cost` tokens. Out of
+/// line: a consumption just left the common case's bandwidth refilled at `now`.
+#[inline(never)]
+fn refilled_policy_state(
+    single: &BucketConfiguration,
+    s: BandwidthState,
+    now: i64,
+    cost: u64,
+    capacity: u64,
+) -> (u64, u64) {
     let view = Refilled::new(single, now, |_| s);
     let tokens = u64::try_from(view.get(0).tokens()).unwrap_or(0);
     let remaining = tokens.min(SF_INT_MAX);
@@ -296,6 +317,20 @@ pub(crate) fn cached_value(
         Ok(Some(None)) => true,
         _ => false,
     };
+    format_and_remember(slot, plan, r, t, seen, format)
+}
+
+/// A cache miss of [`cached_value`]: formats the value, and stores it when its triple was
+/// seen in its slot. Out of line, as a hit needs none of it.
+#[inline(never)]
+fn format_and_remember(
+    slot: usize,
+    plan: u64,
+    r: u64,
+    t: u64,
+    seen: bool,
+    format: impl FnOnce() -> Option<HeaderValue>,
+) -> Option<HeaderValue> {
     let value = format()?;
     remember(slot, plan, r, t, seen.then(|| value.clone()));
     Some(value)

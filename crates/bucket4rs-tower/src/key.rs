@@ -194,9 +194,19 @@ impl KeyExtractor {
         let key: Cow<'a, str> = match &self.0 {
             // `to_str` admits visible ASCII, space and tab only, so `trim_ascii` is `trim`.
             Kind::Header(h) => Cow::Borrowed(req.headers.get(h)?.to_str().ok()?.trim_ascii()),
-            Kind::ClientIp => Cow::Owned(req.peer_addr()?.ip().to_string()),
-            Kind::Fn(f) => Cow::Owned(f(req)?),
+            other => Cow::Owned(owned_key(other, req)?),
         };
         (!key.is_empty() && key.len() <= MAX_KEY_LEN).then_some(key)
+    }
+}
+
+/// The key of a client IP or closure extractor. Out of line, so the header extractor's
+/// path, which runs on every request, stays compact.
+#[inline(never)]
+fn owned_key(kind: &Kind, req: &RequestInfo<'_>) -> Option<String> {
+    match kind {
+        Kind::ClientIp => Some(req.peer_addr()?.ip().to_string()),
+        Kind::Fn(f) => f(req),
+        Kind::Header(_) => None,
     }
 }

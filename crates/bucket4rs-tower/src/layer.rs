@@ -535,7 +535,8 @@ where
 /// in [`rare`].
 ///
 /// `inner` must be ready; on the rare paths it is replaced by a clone and moved into the
-/// boxed future.
+/// boxed future. Out of line: the in-process path only needs it on its rare paths.
+#[inline(never)]
 fn decided<S, ReqBody, ResBody, B>(
     shared: &Arc<Shared<B>>,
     bucket: Option<RemoteBucket<B>>,
@@ -724,8 +725,24 @@ fn verdict_of<ResBody: From<Bytes>>(
     if decision.consumed {
         return Verdict::Allow(headers);
     }
+    Verdict::Answer(refusal(effective, decision, headers, cost))
+}
+
+/// The layer's answer to a request the bucket refused: 429, or 500 when the cost can never
+/// be served.
+///
+/// Not inlined, like the other answers of the layer: the allowed path, which runs on every
+/// request, stays compact (in a server, its code is fetched anew for each request: see
+/// "Code footprint" in docs/http.md).
+#[inline(never)]
+fn refusal<ResBody: From<Bytes>>(
+    effective: &Plan,
+    decision: &Decision,
+    headers: RateHeaders,
+    cost: u64,
+) -> Response<ResBody> {
     if decision.wait >= NEVER {
-        return Verdict::Answer(cost_exceeds_capacity(effective, cost));
+        return cost_exceeds_capacity(effective, cost);
     }
     let retry = headers::ceil_secs(decision.wait);
     let mut resp = problem::too_many_requests(
@@ -739,7 +756,7 @@ fn verdict_of<ResBody: From<Bytes>>(
         .with("remaining", decision.remaining),
     );
     headers.apply(resp.headers_mut());
-    Verdict::Answer(resp)
+    resp
 }
 
 /// What an in-process bucket call gives the layer: under the current plan, just what the
@@ -748,6 +765,16 @@ fn verdict_of<ResBody: From<Bytes>>(
 enum InProcess {
     Current(Decision, Option<HeaderValue>),
     Stale(Verbose<ConsumptionProbe>),
+}
+
+impl InProcess {
+    /// The owned snapshot of a bucket found under another configuration (rare).
+    #[cold]
+    #[inline(never)]
+    fn stale(v: &VerboseRef<'_, bool>, cost: u64) -> Self {
+        let probe = Decision::probe_of_try_consume(v, cost);
+        Self::Stale(v.to_verbose().map(|_| probe))
+    }
 }
 
 /// The rare outcomes: the backend failed (the failure policy decides), or the key's bucket
@@ -842,7 +869,9 @@ fn equal_configs(a: &BucketConfiguration, b: &BucketConfiguration) -> bool {
     a == b
 }
 
-/// The [`RemoteBucket`] of a client key under `plan`.
+/// The [`RemoteBucket`] of a client key under `plan`. Out of line: the in-process path
+/// needs one only on its rare paths.
+#[inline(never)]
 fn remote_bucket<B: Backend>(
     shared: &Shared<B>,
     key: &str,
@@ -854,6 +883,8 @@ fn remote_bucket<B: Backend>(
     })
 }
 
+#[cold]
+#[inline(never)]
 fn key_problem<ResBody: From<Bytes>>(status: StatusCode, detail: &str) -> Response<ResBody> {
     let mut r = Problem::new(status, detail).into_response();
     if status == StatusCode::UNAUTHORIZED {
@@ -919,8 +950,7 @@ where
                 let remaining_header = shared.remaining_header;
                 let result = bucket.try_consume_with(cost, |v| {
                     if !same_config(v.configuration, plan.configuration()) {
-                        let probe = Decision::probe_of_try_consume(&v, cost);
-                        return InProcess::Stale(v.to_verbose().map(|_| probe));
+                        return InProcess::stale(&v, cost);
                     }
                     let ratelimit = headers::ratelimit_header(&plan, v.state, v.now_nanos, cost);
                     // Allowed without `X-Rate-Limit-Remaining`: nothing else to compute
@@ -956,16 +986,14 @@ where
                             },
                         };
                     }
+                    // Refused: the layer answers (429, or 500 for a cost beyond the plan).
                     Ok(InProcess::Current(decision, ratelimit)) => {
-                        let state =
-                            match verdict_of(&plan, &decision, ratelimit, cost, remaining_header) {
-                                Verdict::Allow(headers) => State::Calling {
-                                    fut: self.inner.call(req),
-                                    headers: Some(headers),
-                                },
-                                Verdict::Answer(resp) => State::Ready { resp: Some(resp) },
-                            };
-                        return ResponseFuture { state };
+                        let headers = RateHeaders {
+                            policy: plan.policy_header().clone(),
+                            ratelimit,
+                            remaining: remaining_header.then_some(decision.remaining),
+                        };
+                        return ResponseFuture::ready(refusal(&plan, &decision, headers, cost));
                     }
                     Ok(InProcess::Stale(v)) => Ok(v),
                     Err(e) => Err(e),
@@ -985,40 +1013,74 @@ where
                 ));
             }
         }
-        let bucket = match remote_bucket(shared, &key, &plan) {
-            Ok(b) => b,
-            Err(_) => {
-                return ResponseFuture::ready(key_problem(
-                    shared.missing_key,
-                    "the client key is too long",
-                ));
-            }
-        };
-        let op: Op<B> = Box::pin(async move {
-            let result = bucket
-                .verbose()
-                .try_consume_and_return_remaining(cost)
-                .await;
-            (bucket, result)
-        });
-        // The clone is not necessarily ready: keep the one that was polled.
-        let fresh = self.inner.clone();
-        let inner = core::mem::replace(&mut self.inner, fresh);
         ResponseFuture {
-            state: State::Deciding {
-                op,
-                waiting: Some(Box::new(Waiting {
-                    inner,
-                    req,
-                    shared: Arc::clone(shared),
-                    plan,
-                    cost,
-                })),
-            },
+            state: remote_call(
+                shared,
+                remote_bucket(shared, &key, &plan),
+                plan,
+                cost,
+                &mut self.inner,
+                req,
+            ),
         }
     }
 }
 
+/// The state of a request on a backend that does not run transactions synchronously
+/// (Redis, PostgreSQL): the bucket call, boxed, with the request waiting for its answer.
+/// Out of line, so that the in-process path of [`RateLimit::call`] stays compact.
+#[inline(never)]
+fn remote_call<S, ReqBody, ResBody, B>(
+    shared: &Arc<Shared<B>>,
+    bucket: Result<RemoteBucket<B>, DistributedError>,
+    plan: Plan,
+    cost: u64,
+    inner: &mut S,
+    req: Request<ReqBody>,
+) -> State<S, ReqBody, B>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: From<Bytes> + Send + 'static,
+    B: Backend,
+{
+    let bucket = match bucket {
+        Ok(b) => b,
+        Err(_) => {
+            return State::Ready {
+                resp: Some(key_problem(
+                    shared.missing_key,
+                    "the client key is too long",
+                )),
+            };
+        }
+    };
+    let op: Op<B> = Box::pin(async move {
+        let result = bucket
+            .verbose()
+            .try_consume_and_return_remaining(cost)
+            .await;
+        (bucket, result)
+    });
+    // The clone is not necessarily ready: keep the one that was polled.
+    let fresh = inner.clone();
+    let inner = core::mem::replace(inner, fresh);
+    State::Deciding {
+        op,
+        waiting: Some(Box::new(Waiting {
+            inner,
+            req,
+            shared: Arc::clone(shared),
+            plan,
+            cost,
+        })),
+    }
+}
+
+#[cold]
+#[inline(never)]
 fn cost_exceeds_capacity<ResBody: From<Bytes>>(plan: &Plan, cost: u64) -> Response<ResBody> {
     Problem::new(
         StatusCode::INTERNAL_SERVER_ERROR,
@@ -1034,6 +1096,8 @@ fn cost_exceeds_capacity<ResBody: From<Bytes>>(plan: &Plan, cost: u64) -> Respon
     .into_response()
 }
 
+#[cold]
+#[inline(never)]
 fn unavailable_response<ResBody: From<Bytes>>(why: &str) -> Response<ResBody> {
     let mut r = Problem::new(
         StatusCode::SERVICE_UNAVAILABLE,
