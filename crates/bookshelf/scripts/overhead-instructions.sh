@@ -18,6 +18,12 @@
 # With KEEP=DIR the callgrind dumps are kept there (`callgrind_annotate DIR/with.out.1`
 # shows where a side's instructions go, e.g. hyper writing the two extra fields).
 #
+# With CACHE=1 callgrind also simulates the caches (`--cache-sim=yes`, the host's L1 sizes)
+# and each side's misses per request are printed: L1 instruction misses (I1mr: the 64-byte
+# lines of code fetched anew; this server's request path does not fit in a 32 KiB L1i, so
+# each line of code a request executes is one miss) and L1 data read and write misses
+# (D1mr, D1mw). docs/http.md ("Code footprint") explains why they matter here.
+#
 # Needs: valgrind (callgrind_control), wrk, curl, ports 18090-18092 free.
 set -euo pipefail
 
@@ -40,6 +46,8 @@ for c in valgrind callgrind_control callgrind_annotate wrk curl; do
     command -v "$c" > /dev/null || { echo "$c is not installed" >&2; exit 1; }
 done
 
+CACHE_SIM=
+[ "${CACHE:-0}" = 1 ] && CACHE_SIM=--cache-sim=yes
 OUT=${KEEP:-$(mktemp -d)}
 mkdir -p "$OUT"
 VPID=
@@ -53,7 +61,7 @@ trap cleanup EXIT
 measure() { # name port binary args... -> "instructions_per_request requests"
     local name=$1 port=$2
     shift 2
-    (cd "$OUT" && TOKIO_WORKER_THREADS=1 exec valgrind --tool=callgrind \
+    (cd "$OUT" && TOKIO_WORKER_THREADS=1 exec valgrind --tool=callgrind $CACHE_SIM \
         --callgrind-out-file="$OUT/$name.out" "$@" --addr "127.0.0.1:$port" \
         > "$OUT/$name.log" 2>&1) &
     VPID=$!
@@ -79,14 +87,18 @@ measure() { # name port binary args... -> "instructions_per_request requests"
     kill -INT "$VPID" 2> /dev/null || true
     wait "$VPID" 2> /dev/null || true
     VPID=
-    local ir
-    ir=$(callgrind_annotate "$dump" 2> /dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-    awk -v i="$ir" -v n="$n" 'BEGIN { printf "%.0f %d\n", i / n, n }'
+    # The totals line: each event's count followed by its share, e.g. "123 (100.0%) 45 (100.0%)".
+    callgrind_annotate "$dump" 2> /dev/null | awk -v n="$n" '/PROGRAM TOTALS/ {
+        sub(/ *PROGRAM TOTALS.*/, ""); gsub(/\([^)]*\)/, ""); gsub(",", "")
+        printf "%.0f %d", $1 / n, n
+        for (i = 2; i <= NF; i++) printf " %.1f", $i / n
+        printf "\n"
+    }'
 }
 
-read -r WITHOUT NW < <(measure without 18090 "$BIN" --no-limit)
-read -r WITH NL < <(measure with 18091 "$BIN" --plans "$PLANS")
-read -r FLOORI NF < <(measure floor 18092 "$FLOOR")
+read -r WITHOUT NW WO_EV < <(measure without 18090 "$BIN" --no-limit)
+read -r WITH NL WI_EV < <(measure with 18091 "$BIN" --plans "$PLANS")
+read -r FLOORI NF FL_EV < <(measure floor 18092 "$FLOOR")
 
 echo "user-space instructions per request (requests counted: $NW, $NL, $NF):"
 awk -v w="$WITH" -v o="$WITHOUT" -v f="$FLOORI" 'BEGIN {
@@ -95,3 +107,10 @@ awk -v w="$WITH" -v o="$WITHOUT" -v f="$FLOORI" 'BEGIN {
     printf "  header floor:                   %d  (+%d, +%.1f %%)\n", f, f - o, (f - o) / o * 100
     printf "  the layer beyond the floor:     %d\n", w - f
 }'
+if [ -n "$CACHE_SIM" ]; then
+    # Events after Ir: Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw (per request).
+    echo "L1 misses per request (simulated): code lines (I1mr), data reads (D1mr), data writes (D1mw):"
+    for side in "without:$WO_EV" "with:$WI_EV" "floor:$FL_EV"; do
+        echo "${side%%:*} ${side#*:}" | awk '{ printf "  %-8s I1mr %7.1f  D1mr %6.1f  D1mw %6.1f\n", $1, $4, $5, $6 }'
+    done
+fi
