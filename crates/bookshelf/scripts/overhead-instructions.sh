@@ -58,7 +58,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-measure() { # name port binary args... -> "instructions_per_request requests"
+measure() { # name port binary args... -> "instructions_per_request requests [events per request...]"
     local name=$1 port=$2
     shift 2
     (cd "$OUT" && TOKIO_WORKER_THREADS=1 exec valgrind --tool=callgrind $CACHE_SIM \
