@@ -602,6 +602,21 @@ struct RateHeaders {
 }
 
 impl RateHeaders {
+    /// The headers of a request decided under `plan`.
+    #[inline]
+    fn of(
+        plan: &Plan,
+        ratelimit: Option<HeaderValue>,
+        remaining_header: bool,
+        decision: &Decision,
+    ) -> Self {
+        Self {
+            policy: plan.policy_header().clone(),
+            ratelimit,
+            remaining: remaining_header.then_some(decision.remaining),
+        }
+    }
+
     fn apply(self, h: &mut http::HeaderMap) {
         h.insert(RATELIMIT_POLICY, self.policy);
         if let Some(rl) = self.ratelimit {
@@ -628,13 +643,12 @@ fn verdict<ResBody: From<Bytes>>(
     remaining_header: bool,
 ) -> Verdict<ResBody> {
     let ratelimit = headers::ratelimit_header(effective, &v.state, v.now_nanos, cost);
-    verdict_of(
-        effective,
-        &Decision::of_probe(&v.value),
-        ratelimit,
-        cost,
-        remaining_header,
-    )
+    let decision = Decision::of_probe(&v.value);
+    let headers = RateHeaders::of(effective, ratelimit, remaining_header, &decision);
+    if decision.consumed {
+        return Verdict::Allow(headers);
+    }
+    Verdict::Answer(refusal(effective, &decision, headers, cost))
 }
 
 /// What the layer needs from a bucket's answer: the fields of a [`ConsumptionProbe`] it
@@ -707,25 +721,6 @@ fn probe_of(
     // Consumed: the state is the one after consuming, whose wait for a full bucket is the
     // probe's `reset_wait(cost)` of the state before.
     ConsumptionProbe::new(d.consumed, d.remaining, d.wait, view.reset_wait(0))
-}
-
-/// [`verdict`] from the decision and the `RateLimit` value.
-fn verdict_of<ResBody: From<Bytes>>(
-    effective: &Plan,
-    decision: &Decision,
-    ratelimit: Option<HeaderValue>,
-    cost: u64,
-    remaining_header: bool,
-) -> Verdict<ResBody> {
-    let headers = RateHeaders {
-        policy: effective.policy_header().clone(),
-        ratelimit,
-        remaining: remaining_header.then_some(decision.remaining),
-    };
-    if decision.consumed {
-        return Verdict::Allow(headers);
-    }
-    Verdict::Answer(refusal(effective, decision, headers, cost))
 }
 
 /// The layer's answer to a request the bucket refused: 429, or 500 when the cost can never
@@ -978,21 +973,19 @@ where
                         return ResponseFuture {
                             state: State::Calling {
                                 fut: self.inner.call(req),
-                                headers: Some(RateHeaders {
-                                    policy: plan.policy_header().clone(),
+                                headers: Some(RateHeaders::of(
+                                    &plan,
                                     ratelimit,
-                                    remaining: remaining_header.then_some(decision.remaining),
-                                }),
+                                    remaining_header,
+                                    &decision,
+                                )),
                             },
                         };
                     }
                     // Refused: the layer answers (429, or 500 for a cost beyond the plan).
                     Ok(InProcess::Current(decision, ratelimit)) => {
-                        let headers = RateHeaders {
-                            policy: plan.policy_header().clone(),
-                            ratelimit,
-                            remaining: remaining_header.then_some(decision.remaining),
-                        };
+                        let headers =
+                            RateHeaders::of(&plan, ratelimit, remaining_header, &decision);
                         return ResponseFuture::ready(refusal(&plan, &decision, headers, cost));
                     }
                     Ok(InProcess::Stale(v)) => Ok(v),
