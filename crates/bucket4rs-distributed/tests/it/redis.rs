@@ -543,7 +543,11 @@ fn redis_outage_errors_within_the_timeout_and_resumes_without_granting_twice() {
             );
         }
         let restarted = OwnRedis::start(Some(server.port), Some(server.dir.clone()));
-        // Service resumes (the connection manager reconnects), with the state kept.
+        // Service resumes (the connection manager reconnects), with the state kept. While
+        // the restarted server warms up, a call may fail after its request was sent (a
+        // response timeout): its outcome is unknown, it may have consumed. Such calls are
+        // counted; a refused connection certainly did not consume (retryable errors).
+        let mut unknown_outcomes = 0;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match b.try_consume(1).await {
@@ -552,14 +556,34 @@ fn redis_outage_errors_within_the_timeout_and_resumes_without_granting_twice() {
                     break;
                 }
                 Ok(false) => panic!("tokens lost"),
-                Err(_) => assert!(Instant::now() < deadline, "Redis did not come back"),
+                Err(e) => {
+                    assert!(e.is_unavailable(), "{e}");
+                    if !matches!(&e, DistributedError::Backend(b) if b.is_retryable()) {
+                        unknown_outcomes += 1;
+                    }
+                    assert!(Instant::now() < deadline, "Redis did not come back");
+                }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        while b.try_consume(1).await.unwrap() {
-            granted += 1;
+        loop {
+            match b.try_consume(1).await {
+                Ok(true) => granted += 1,
+                Ok(false) => break,
+                Err(e) => {
+                    assert!(e.is_unavailable(), "{e}");
+                    unknown_outcomes += 1;
+                    assert!(Instant::now() < deadline, "Redis keeps failing: {e}");
+                }
+            }
         }
-        assert_eq!(granted, 100, "a token was granted twice or lost");
+        // Never granted twice; every token not granted is accounted for by a call whose
+        // outcome was unknown (zero on an unloaded machine: exactly the capacity).
+        assert!(granted <= 100, "a token was granted twice: {granted}");
+        assert!(
+            granted + unknown_outcomes >= 100,
+            "tokens lost: {granted} granted, {unknown_outcomes} calls of unknown outcome"
+        );
         drop(restarted);
     });
     let _ = std::fs::remove_dir_all(&server.dir);
