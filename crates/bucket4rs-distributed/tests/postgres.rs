@@ -872,6 +872,10 @@ fn a_server_restart_errors_within_the_timeout_then_recovers_without_granting_twi
             );
         }
         server.start();
+        // While the restarted server warms up, a call may fail after its commit was sent
+        // (a timeout): its outcome is unknown, it may have consumed. Such calls are
+        // counted; a retryable error certainly did not consume.
+        let mut unknown_outcomes = 0;
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             match b.try_consume(1).await {
@@ -880,14 +884,34 @@ fn a_server_restart_errors_within_the_timeout_then_recovers_without_granting_twi
                     break;
                 }
                 Ok(false) => panic!("tokens lost"),
-                Err(e) => assert!(Instant::now() < deadline, "no recovery: {e}"),
+                Err(e) => {
+                    assert!(e.is_unavailable(), "{e}");
+                    if !matches!(&e, DistributedError::Backend(b) if b.is_retryable()) {
+                        unknown_outcomes += 1;
+                    }
+                    assert!(Instant::now() < deadline, "no recovery: {e}");
+                }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        while b.try_consume(1).await.unwrap() {
-            granted += 1;
+        loop {
+            match b.try_consume(1).await {
+                Ok(true) => granted += 1,
+                Ok(false) => break,
+                Err(e) => {
+                    assert!(e.is_unavailable(), "{e}");
+                    unknown_outcomes += 1;
+                    assert!(Instant::now() < deadline, "keeps failing: {e}");
+                }
+            }
         }
-        assert_eq!(granted, 100, "a token was granted twice or lost");
+        // Never granted twice; every token not granted is accounted for by a call whose
+        // outcome was unknown (zero on an unloaded machine: exactly the capacity).
+        assert!(granted <= 100, "a token was granted twice: {granted}");
+        assert!(
+            granted + unknown_outcomes >= 100,
+            "tokens lost: {granted} granted, {unknown_outcomes} calls of unknown outcome"
+        );
     });
 }
 
