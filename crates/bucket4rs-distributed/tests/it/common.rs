@@ -415,3 +415,68 @@ pub(crate) async fn join_in_order<T>(
         .map(|o| o.expect("every future completed"))
         .collect()
 }
+
+/// After the backend's server restarted: consumes one token at a time from `b` (whose
+/// capacity is `capacity`, `granted` of them granted before) until it is empty, within
+/// `deadline`, and accounts for every token exactly.
+///
+/// `stored` reads the tokens of `b`'s record straight from the server (`None` while it
+/// cannot be reached). Before the first call it must hold what was not granted (the state
+/// survived the restart, nothing granted twice). A call that fails may still have consumed
+/// (a timeout after its request was sent): after each failure, once the server answers and
+/// any request still in flight has landed, the stored tokens say whether it did. In the
+/// end every token is either granted or taken by such a call, and none twice.
+pub(crate) async fn drain_after_restart<B, F, Fut>(
+    b: &RemoteBucket<B>,
+    capacity: u64,
+    mut granted: u64,
+    deadline: std::time::Instant,
+    stored: F,
+) where
+    B: Backend,
+    F: Fn() -> Fut,
+    Fut: core::future::Future<Output = Option<u64>>,
+{
+    let stored_now = async || loop {
+        if let Some(t) = stored().await {
+            return t;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not come back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        stored_now().await,
+        capacity - granted,
+        "state lost in the restart"
+    );
+    // Calls that failed after they had consumed.
+    let mut taken_by_failures = 0;
+    loop {
+        match b.try_consume(1).await {
+            Ok(true) => granted += 1,
+            Ok(false) => break,
+            Err(e) => {
+                assert!(e.is_unavailable(), "{e}");
+                assert!(std::time::Instant::now() < deadline, "no recovery: {e}");
+                // Long enough for a request sent before the timeout to be applied.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let left = stored_now().await;
+                let expected = capacity - granted - taken_by_failures;
+                assert!(
+                    left == expected || left + 1 == expected,
+                    "{left} tokens stored after a failed call, {expected} expected"
+                );
+                taken_by_failures += expected - left;
+            }
+        }
+    }
+    assert_eq!(
+        granted + taken_by_failures,
+        capacity,
+        "{granted} granted, {taken_by_failures} taken by failed calls"
+    );
+    assert_eq!(stored_now().await, 0);
+}
