@@ -420,8 +420,8 @@ pub(crate) async fn join_in_order<T>(
 /// capacity is `capacity`, `granted` of them granted before) until it is empty, within
 /// `deadline`, and accounts for every token exactly.
 ///
-/// `stored` reads the tokens of `b`'s record straight from the server (`None` while it
-/// cannot be reached). Before the first call it must hold what was not granted (the state
+/// `stored` reads `b`'s record straight from the server (`None` while it cannot be
+/// reached). Before the first call it must hold what was not granted (the state
 /// survived the restart, nothing granted twice). A call that fails may still have consumed
 /// (a timeout after its request was sent): after each failure, once the server answers and
 /// any request still in flight has landed, the stored tokens say whether it did. In the
@@ -435,11 +435,13 @@ pub(crate) async fn drain_after_restart<B, F, Fut>(
 ) where
     B: Backend,
     F: Fn() -> Fut,
-    Fut: core::future::Future<Output = Option<u64>>,
+    Fut: core::future::Future<Output = Option<Vec<u8>>>,
 {
+    // The tokens of the stored record.
     let stored_now = async || loop {
-        if let Some(t) = stored().await {
-            return t;
+        if let Some(bytes) = stored().await {
+            let record = bucket4rs_distributed::format::decode(&bytes).unwrap();
+            return u64::try_from(record.state.bandwidths()[0].tokens()).unwrap();
         }
         assert!(
             std::time::Instant::now() < deadline,

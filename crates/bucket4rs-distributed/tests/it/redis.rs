@@ -554,9 +554,7 @@ fn redis_outage_errors_within_the_timeout_and_resumes_without_granting_twice() {
                 let budget = Duration::from_millis(500);
                 let connect = client.get_multiplexed_async_connection();
                 let mut c = tokio::time::timeout(budget, connect).await.ok()?.ok()?;
-                let bytes: Vec<u8> = tokio::time::timeout(budget, c.get(&key)).await.ok()?.ok()?;
-                let tokens = format::decode(&bytes).unwrap().state.bandwidths()[0].tokens();
-                Some(u64::try_from(tokens).unwrap())
+                tokio::time::timeout(budget, c.get(&key)).await.ok()?.ok()
             }
         };
         drain_after_restart(&b, 100, granted, deadline, stored).await;
