@@ -1149,6 +1149,14 @@ impl Backend for PostgresBackend {
             i64::try_from(inner.options.clock_tolerance.as_micros()).unwrap_or(i64::MAX);
         let key_str = key.as_str();
         for round in 0..inner.options.rounds {
+            // The write this round most likely sends, prepared before the clock is estimated:
+            // on a connection's first use preparing is a round trip of its own, which would
+            // otherwise age the estimate towards the guard's tolerance.
+            let likely = match &basis {
+                Basis::Absent => &inner.sql.insert,
+                Basis::Row { .. } => &inner.sql.update,
+            };
+            let prepared = client.prepare_cached(likely).await.map_err(map_pg)?;
             let now = if backend_clock {
                 Some(reading.take().unwrap_or_else(|| self.estimate_db_now()))
             } else {
@@ -1156,19 +1164,23 @@ impl Backend for PostgresBackend {
             };
             let guard_us = now.map(|n| n.div_euclid(1_000));
             let write = tx.apply(basis.live(), now);
-            let (stmt_sql, record) = match write {
+            let (stmt, record) = match write {
                 Write::Keep if fresh => {
                     // Computed on a row this call just read, at a database clock reading.
                     *cached = Some(basis);
                     return Ok(());
                 }
-                Write::Keep => (&inner.sql.read, None),
-                Write::Put { record, ttl } => match &basis {
-                    Basis::Absent => (&inner.sql.insert, Some((record, ttl))),
-                    Basis::Row { .. } => (&inner.sql.update, Some((record, ttl))),
-                },
+                // The read's reply is held to the estimate as well; preparing it here costs
+                // at most one extra round on a connection's first read.
+                Write::Keep => (
+                    client
+                        .prepare_cached(&inner.sql.read)
+                        .await
+                        .map_err(map_pg)?,
+                    None,
+                ),
+                Write::Put { record, ttl } => (prepared, Some((record, ttl))),
             };
-            let stmt = client.prepare_cached(stmt_sql).await.map_err(map_pg)?;
             inner.counters.round_trips.fetch_add(1, Ordering::Relaxed);
             let row = match &record {
                 None => client.query_one(&stmt, &[&key_str]).await,

@@ -392,7 +392,15 @@ fn a_hundred_absent_keys_are_created_at_once_in_one_statement_each() {
     let rt = multi_thread();
     let table = Table::new("create");
     rt.block_on(async {
-        let backend = backend(&table).await;
+        // What is counted here is statements, not the clock guard: with the default 50 ms
+        // tolerance a loaded machine (this file's other tests start servers) can delay one of
+        // the hundred past it, and the guard's retry would count as a second round trip.
+        let backend = backend_with(
+            &table.name,
+            PostgresOptions::default().clock_tolerance(Duration::from_secs(60)),
+            &url(),
+        )
+        .await;
         let manager = ProxyManager::new(backend.clone());
         let barrier = Arc::new(tokio::sync::Barrier::new(100));
         let mut tasks = Vec::new();
@@ -474,10 +482,11 @@ fn the_database_clock_costs_one_statement_per_operation() {
             }
         }
         assert_eq!(granted, 100);
+        // Connected before the reading, so the gap below is one loopback statement.
+        let checker = raw().await;
         let v = b.verbose().available_tokens().await.unwrap();
         assert_eq!(v.value, 0);
-        let db_now: i64 = raw()
-            .await
+        let db_now: i64 = checker
             .query_one(
                 "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::int8",
                 &[],
@@ -485,9 +494,11 @@ fn the_database_clock_costs_one_statement_per_operation() {
             .await
             .unwrap()
             .get(0);
+        // At most the 50 ms tolerance the server held the estimate to, plus that statement
+        // (generous for a loaded machine); never ahead of the database clock.
         let behind = db_now - v.now_nanos;
         assert!(
-            (0..50_000_000).contains(&behind),
+            (0..250_000_000).contains(&behind),
             "computed {behind} ns before the database clock"
         );
         let stats = backend.stats();
