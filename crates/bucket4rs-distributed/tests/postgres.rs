@@ -335,7 +335,14 @@ fn the_locking_fallback_waits_only_until_the_timeouts_and_never_leaks_a_transact
             .build()
             .unwrap();
         let b = manager.builder().build("k", cfg).unwrap();
-        assert!(b.try_consume(1).await.unwrap());
+        // The calls that must succeed go through a patient manager on the same pool: on a
+        // loaded machine a fresh connection and its statements can take longer than 600 ms.
+        let patient = ProxyManager::configure(backend.clone())
+            .timeout(Duration::from_secs(20))
+            .build()
+            .unwrap();
+        let sure = patient.builder().build("k", cfg).unwrap();
+        assert!(sure.try_consume(1).await.unwrap());
         let t = &table.name;
         let mut holder = raw().await;
         let hold = holder.transaction().await.unwrap();
@@ -345,10 +352,11 @@ fn the_locking_fallback_waits_only_until_the_timeouts_and_never_leaks_a_transact
         let started = Instant::now();
         let r = b.try_consume(1).await;
         assert!(r.as_ref().is_err_and(|e| e.is_unavailable()), "{r:?}");
-        assert!(started.elapsed() <= timeout + Duration::from_millis(200));
+        // The lock is held until the commit below: an unbounded call would never return.
+        assert!(started.elapsed() <= timeout + Duration::from_secs(2));
         hold.commit().await.unwrap();
-        assert!(b.try_consume(1).await.unwrap());
-        assert_eq!(b.available_tokens().await.unwrap(), 98);
+        assert!(sure.try_consume(1).await.unwrap());
+        assert_eq!(sure.available_tokens().await.unwrap(), 98);
 
         // A call cancelled while it waits for the lock inside its transaction (lock_timeout
         // longer than the call's timeout): its connection must not go back to the pool.
@@ -362,14 +370,27 @@ fn the_locking_fallback_waits_only_until_the_timeouts_and_never_leaks_a_transact
             .timeout(Duration::from_millis(300))
             .build()
             .unwrap();
+        let patient = ProxyManager::configure(backend.clone())
+            .timeout(Duration::from_secs(20))
+            .build()
+            .unwrap();
         let b = manager.builder().build("k", cfg).unwrap();
-        let other = manager.builder().build("other", cfg).unwrap();
+        let sure = patient.builder().build("k", cfg).unwrap();
+        let other = patient.builder().build("other", cfg).unwrap();
         let hold = holder.transaction().await.unwrap();
         hold.query(&lock, &[&b.key().as_str()]).await.unwrap();
         let r = b.try_consume(1).await;
         assert!(matches!(r, Err(DistributedError::Timeout { .. })), "{r:?}");
-        // The only pooled connection was dropped: another key works at once and commits.
+        // The only pooled connection was dropped: another key works at once and commits. Had
+        // the connection gone back to the pool still waiting for the lock, this call would
+        // wait for that statement's 5 s lock timeout first.
+        let started = Instant::now();
         assert!(other.try_consume(1).await.unwrap());
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
         let n: i64 = raw()
             .await
             .query_one(
@@ -381,8 +402,8 @@ fn the_locking_fallback_waits_only_until_the_timeouts_and_never_leaks_a_transact
             .get(0);
         assert_eq!(n, 1, "the write was not committed");
         hold.commit().await.unwrap();
-        assert!(b.try_consume(1).await.unwrap());
-        assert_eq!(b.available_tokens().await.unwrap(), 97);
+        assert!(sure.try_consume(1).await.unwrap());
+        assert_eq!(sure.available_tokens().await.unwrap(), 97);
         assert!(backend.stats().pessimistic >= 4, "{:?}", backend.stats());
     });
 }
@@ -401,7 +422,10 @@ fn a_hundred_absent_keys_are_created_at_once_in_one_statement_each() {
             &url(),
         )
         .await;
-        let manager = ProxyManager::new(backend.clone());
+        let manager = ProxyManager::configure(backend.clone())
+            .timeout(Duration::from_secs(20))
+            .build()
+            .unwrap();
         let barrier = Arc::new(tokio::sync::Barrier::new(100));
         let mut tasks = Vec::new();
         for k in 0..100 {
@@ -431,17 +455,25 @@ fn a_hundred_absent_keys_are_created_at_once_in_one_statement_each() {
         assert_eq!(n, 100);
 
         // 16 separate clients (own pools, own caches) create the SAME absent key at once.
+        // They queue on one row lock: timeouts as generous as the locking test's keep this
+        // about creation, not about how long the last one waits on a loaded machine.
         let barrier = Arc::new(tokio::sync::Barrier::new(16));
         let mut tasks = Vec::new();
         for _ in 0..16 {
-            let manager = ProxyManager::new(
+            let manager = ProxyManager::configure(
                 backend_with(
                     &table.name,
-                    PostgresOptions::default().max_connections(1),
+                    PostgresOptions::default()
+                        .max_connections(1)
+                        .lock_timeout(Duration::from_secs(20))
+                        .statement_timeout(Duration::from_secs(30)),
                     &url(),
                 )
                 .await,
-            );
+            )
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
             let barrier = barrier.clone();
             tasks.push(tokio::spawn(async move {
                 let b = manager
@@ -468,7 +500,14 @@ fn the_database_clock_costs_one_statement_per_operation() {
     let rt = runtime();
     let table = Table::new("dbclock");
     rt.block_on(async {
-        let backend = backend(&table).await;
+        // Statements are counted, not guard retries: a tolerance no stall of a loaded
+        // machine exceeds (the estimate's distance from the database clock is checked below).
+        let backend = backend_with(
+            &table.name,
+            PostgresOptions::default().clock_tolerance(Duration::from_secs(60)),
+            &url(),
+        )
+        .await;
         // The default time source is the backend's: PostgreSQL's clock_timestamp().
         let manager = ProxyManager::new(backend.clone());
         let b = manager
@@ -503,7 +542,8 @@ fn the_database_clock_costs_one_statement_per_operation() {
         );
         let stats = backend.stats();
         println!("database clock stats: {stats:?}");
-        assert!(stats.one_round_trip >= 195, "{stats:?}");
+        assert_eq!(stats.conflicts, 0, "{stats:?}");
+        assert!(stats.one_round_trip >= 200, "{stats:?}");
     });
 }
 
@@ -517,8 +557,13 @@ fn expires_at_is_full_again_plus_the_margin_and_migrate_is_idempotent() {
         let (a, b) = tokio::join!(backend.migrate(), backend.migrate());
         a.unwrap();
         b.unwrap();
+        // A stopped client clock: both writes happen at one instant, so each TTL is exact
+        // and the checks below only allow for the time until the query reads it (up to 1 s).
         let manager = ProxyManager::configure(backend.clone())
             .ttl_margin(Duration::from_millis(2_000))
+            .time_source(TimeSource::client(bucket4rs_core::ManualClock::new(
+                1_700_000_000_000_000_000,
+            )))
             .build()
             .unwrap();
         // 1 token per second: 3 consumed → full again after 3 s.
@@ -526,8 +571,8 @@ fn expires_at_is_full_again_plus_the_margin_and_migrate_is_idempotent() {
             .builder()
             .build("k", || simple(10, Duration::from_secs(10)))
             .unwrap();
-        assert!(b.try_consume(3).await.unwrap());
         let raw = raw().await;
+        assert!(b.try_consume(3).await.unwrap());
         let q = format!(
             "SELECT (extract(epoch FROM expires_at - now()) * 1000)::int8 FROM \"{}\" WHERE key = $1",
             table.name
@@ -537,7 +582,7 @@ fn expires_at_is_full_again_plus_the_margin_and_migrate_is_idempotent() {
             .await
             .unwrap()
             .get(0);
-        assert!((4_900..=5_010).contains(&ms), "expires in {ms} ms");
+        assert!((4_000..=5_000).contains(&ms), "expires in {ms} ms");
         b.replace_configuration(
             simple(10, Duration::from_secs(100)),
             bucket4rs_core::TokensInheritanceStrategy::AsIs,
@@ -549,8 +594,8 @@ fn expires_at_is_full_again_plus_the_margin_and_migrate_is_idempotent() {
             .await
             .unwrap()
             .get(0);
-        // Less the refill since the first call (the database clock moved on).
-        assert!((31_000..=32_010).contains(&ms), "expires in {ms} ms");
+        // 3 missing tokens at 0.1 per second: 30 s, plus the margin.
+        assert!((31_000..=32_000).contains(&ms), "expires in {ms} ms");
         assert!(manager.remove("k").await.unwrap());
         assert!(!manager.remove("k").await.unwrap());
         assert_eq!(b.available_tokens().await.unwrap(), 10);
@@ -607,9 +652,12 @@ fn the_reaper_deletes_expired_rows_and_never_a_live_one() {
         assert_eq!(expired.available_tokens().await.unwrap(), 10);
         // The background reaper does the same.
         let _reaper = backend.spawn_reaper(Duration::from_millis(20), 10);
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while backend.stats().reaped < 2 {
+            assert!(Instant::now() < deadline, "{:?}", backend.stats());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         assert!(live.try_consume(1).await.unwrap());
-        assert!(backend.stats().reaped >= 2, "{:?}", backend.stats());
         assert_eq!(live.available_tokens().await.unwrap(), 8);
     });
 }
@@ -686,19 +734,32 @@ fn a_lock_holder_blocks_callers_only_until_the_timeouts_and_termination_frees_th
         )
         .await;
         let timeout = Duration::from_millis(600);
-        let manager = ProxyManager::configure(backend)
+        let manager = ProxyManager::configure(backend.clone())
             .timeout(timeout)
+            .build()
+            .unwrap();
+        // Calls that must succeed go through a patient manager on the same pool.
+        let patient = ProxyManager::configure(backend)
+            .timeout(Duration::from_secs(20))
             .build()
             .unwrap();
         let b = manager
             .builder()
             .build("k", || simple(100, Duration::from_secs(1_000_000)))
             .unwrap();
-        let other = manager
+        let other = patient
             .builder()
             .build("other", || simple(100, Duration::from_secs(1_000_000)))
             .unwrap();
-        assert!(b.try_consume(1).await.unwrap());
+        assert!(
+            patient
+                .builder()
+                .build("k", || simple(100, Duration::from_secs(1_000_000)))
+                .unwrap()
+                .try_consume(1)
+                .await
+                .unwrap()
+        );
         let mut holder = raw().await;
         let pid: i32 = holder
             .query_one("SELECT pg_backend_pid()", &[])
@@ -717,15 +778,13 @@ fn a_lock_holder_blocks_callers_only_until_the_timeouts_and_termination_frees_th
             let r = b.try_consume(1).await;
             let took = t.elapsed();
             assert!(r.as_ref().is_err_and(|e| e.is_unavailable()), "{r:?}");
-            assert!(
-                took <= timeout + Duration::from_millis(200),
-                "took {took:?}"
-            );
+            // The holder never lets go: an unbounded call would never return.
+            assert!(took <= timeout + Duration::from_secs(2), "took {took:?}");
         }
-        // Other keys are not blocked.
+        // Other keys are not blocked (the lock on `k` is held until the holder is killed).
         let t = Instant::now();
         assert!(other.try_consume(1).await.unwrap());
-        assert!(t.elapsed() < Duration::from_millis(200));
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
         let killed: bool = raw()
             .await
             .query_one("SELECT pg_terminate_backend($1)", &[&pid])
@@ -852,26 +911,44 @@ fn a_server_restart_errors_within_the_timeout_then_recovers_without_granting_twi
     let timeout = Duration::from_millis(500);
     rt.block_on(async {
         let table = "restart";
-        let backend = backend_with(
-            table,
+        // The table, made with the default timeouts: a just-started cluster on a loaded
+        // machine can take longer than the short ones below to answer its first connection.
+        backend_with(table, PostgresOptions::default(), &server.url()).await;
+        let short = || {
             PostgresOptions::default()
                 .connect_timeout(Duration::from_millis(200))
                 .wait_timeout(Duration::from_millis(200))
-                .statement_timeout(Duration::from_millis(300)),
-            &server.url(),
-        )
-        .await;
-        let manager = ProxyManager::configure(backend)
+                .statement_timeout(Duration::from_millis(300))
+                .table(table)
+                .expect("valid table name")
+        };
+        let connect_by = Instant::now() + Duration::from_secs(20);
+        let backend = loop {
+            match PostgresBackend::connect(&server.url(), short()).await {
+                Ok(backend) => break backend,
+                Err(e) => assert!(Instant::now() < connect_by, "no connection: {e}"),
+            }
+        };
+        let manager = ProxyManager::configure(backend.clone())
             .timeout(timeout)
+            .build()
+            .unwrap();
+        // The calls before the stop must all succeed: a patient manager on the same pool.
+        let patient = ProxyManager::configure(backend)
+            .timeout(Duration::from_secs(20))
             .build()
             .unwrap();
         let b = manager
             .builder()
             .build("k", || simple(100, Duration::from_secs(1_000_000)))
             .unwrap();
+        let sure = patient
+            .builder()
+            .build("k", || simple(100, Duration::from_secs(1_000_000)))
+            .unwrap();
         let mut granted = 0;
         for _ in 0..40 {
-            assert!(b.try_consume(1).await.unwrap());
+            assert!(sure.try_consume(1).await.unwrap());
             granted += 1;
         }
         server.stop("immediate");
@@ -880,10 +957,8 @@ fn a_server_restart_errors_within_the_timeout_then_recovers_without_granting_twi
             let r = b.try_consume(1).await;
             let took = t.elapsed();
             assert!(r.as_ref().is_err_and(|e| e.is_unavailable()), "{r:?}");
-            assert!(
-                took <= timeout + Duration::from_millis(150),
-                "took {took:?}"
-            );
+            // Bounded by the call's timeout (the server stays down): slack for a loaded machine.
+            assert!(took <= timeout + Duration::from_secs(1), "took {took:?}");
         }
         server.start();
         let deadline = Instant::now() + Duration::from_secs(15);

@@ -213,9 +213,11 @@ fn batches_respect_the_size_limit_and_disabled_batching_sends_each_operation() {
 /// timeout) is never applied; the others are applied exactly once.
 #[test]
 fn callers_withdrawn_before_their_batch_is_sent_are_not_applied() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // Paused time on one thread: the sleeps below order the callers exactly, whatever the
+    // machine's load (`Counting` and the manager's timers run on tokio's clock).
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .start_paused(true)
         .build()
         .unwrap();
     rt.block_on(async {

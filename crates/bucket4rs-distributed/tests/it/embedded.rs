@@ -260,7 +260,8 @@ fn blocking_form_works_off_runtime_and_refuses_inside_one() {
         .build()
         .unwrap();
     let m = ProxyManager::new(EmbeddedBackend::new());
-    let config = simple(2, Duration::from_secs(1));
+    // Slow refill: the refusal below must not depend on how fast the calls run.
+    let config = simple(2, Duration::from_secs(1_000));
     let bucket = m
         .builder()
         .build("blocking", move || config.clone())
