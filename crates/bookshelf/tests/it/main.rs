@@ -99,13 +99,63 @@ fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
         .unwrap()
 }
 
+/// The waits a refusal may announce when `full` seconds were due at the first request and
+/// up to `elapsed` has passed since (the real clock refills while the requests run): exactly
+/// `full` whenever the requests took under a second, as they do on an idle machine.
+fn wait_range(full: u64, elapsed: Duration) -> std::ops::RangeInclusive<u64> {
+    let left = Duration::from_secs(full).saturating_sub(elapsed);
+    let lower = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+    lower.max(1)..=full
+}
+
+/// The tokens a bucket may report after `taken` of `capacity` were consumed, at one token
+/// per `period`, `elapsed` after the first consumption.
+fn remaining_range(
+    capacity: u64,
+    taken: u64,
+    period: Duration,
+    elapsed: Duration,
+) -> std::ops::RangeInclusive<u64> {
+    let refilled = u64::try_from(elapsed.as_nanos() / period.as_nanos()).unwrap_or(u64::MAX);
+    let low = capacity - taken;
+    low..=low.saturating_add(refilled).min(capacity)
+}
+
+fn secs(r: &reqwest::Response, name: &str) -> u64 {
+    header(r, name)
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+#[test]
+fn the_wait_and_remaining_ranges_are_exact_when_fast() {
+    assert_eq!(wait_range(3, Duration::from_millis(999)), 3..=3);
+    assert_eq!(wait_range(3, Duration::from_millis(1_500)), 2..=3);
+    assert_eq!(wait_range(3, Duration::from_secs(10)), 1..=3);
+    let third = Duration::from_secs(3);
+    assert_eq!(
+        remaining_range(20, 5, third, Duration::from_millis(2_999)),
+        15..=15
+    );
+    assert_eq!(
+        remaining_range(20, 5, third, Duration::from_secs(7)),
+        15..=17
+    );
+    assert_eq!(
+        remaining_range(20, 1, third, Duration::from_secs(70)),
+        19..=20
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn free_key_gets_20_lookups_then_429_with_retry_after_3() {
     let server = Server::embedded().await;
     let client = reqwest::Client::new();
     let url = server.url("/books/9781593278281");
+    let start = std::time::Instant::now();
     for i in 1..=20 {
         let r = get(&client, &url, Some("free-demo-key")).await;
+        let elapsed = start.elapsed();
         assert_eq!(r.status(), StatusCode::OK, "lookup {i}");
         assert_eq!(
             sf_list(header(&r, "ratelimit-policy")),
@@ -116,27 +166,43 @@ async fn free_key_gets_20_lookups_then_429_with_retry_after_3() {
         );
         let rl = sf_list(header(&r, "ratelimit"));
         assert_eq!(rl[0].0, "burst");
-        assert_eq!(rl[0].1[0], ("r".to_owned(), 20 - i));
+        assert_eq!(rl[0].1[0].0, "r");
+        let third = Duration::from_secs(3);
+        let left = u64::try_from(rl[0].1[0].1).unwrap();
+        assert!(
+            remaining_range(20, u64::try_from(i).unwrap(), third, elapsed).contains(&left),
+            "r={left} after lookup {i}, {elapsed:?}"
+        );
         let book: serde_json::Value = r.json_body().await;
         assert_eq!(book["title"], "The Rust Programming Language");
     }
     let r = get(&client, &url, Some("free-demo-key")).await;
+    let elapsed = start.elapsed();
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(header(&r, "retry-after"), "3");
+    // 3 s for one token at one per 3 s, less what refilled while the lookups ran: exactly
+    // 3 when they took under a second.
+    let wait = secs(&r, "retry-after");
+    assert!(
+        wait_range(3, elapsed).contains(&wait),
+        "{wait} after {elapsed:?}"
+    );
     assert_eq!(header(&r, "content-type"), "application/problem+json");
     let rl = sf_list(header(&r, "ratelimit"));
     assert_eq!(
         rl,
         vec![(
             "burst".to_owned(),
-            vec![("r".to_owned(), 0), ("t".to_owned(), 3)]
+            vec![
+                ("r".to_owned(), 0),
+                ("t".to_owned(), i64::try_from(wait).unwrap())
+            ]
         )]
     );
     let problem: serde_json::Value = r.json_body().await;
     assert_eq!(problem["type"], "about:blank");
     assert_eq!(problem["title"], "Too Many Requests");
     assert_eq!(problem["status"], 429);
-    assert_eq!(problem["retry_after"], 3);
+    assert_eq!(problem["retry_after"], wait);
     assert_eq!(problem["plan"], "free");
     assert_eq!(problem["cost"], 1);
     assert!(problem["detail"].as_str().unwrap().contains("free"));
@@ -148,6 +214,7 @@ async fn free_key_gets_4_searches_then_429() {
     let server = Server::embedded().await;
     let client = reqwest::Client::new();
     let url = server.url("/books/search?q=design");
+    let start = std::time::Instant::now();
     for i in 0..4 {
         let r = get(&client, &url, Some("free-demo-key")).await;
         assert_eq!(r.status(), StatusCode::OK, "search {i}");
@@ -155,9 +222,14 @@ async fn free_key_gets_4_searches_then_429() {
         assert_eq!(hits.as_array().unwrap().len(), 4);
     }
     let r = get(&client, &url, Some("free-demo-key")).await;
+    let elapsed = start.elapsed();
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
     // Five tokens at one per 3 s: 15 s (a little less has elapsed, rounded up).
-    assert_eq!(header(&r, "retry-after"), "15");
+    let wait = secs(&r, "retry-after");
+    assert!(
+        wait_range(15, elapsed).contains(&wait),
+        "{wait} after {elapsed:?}"
+    );
     let problem: serde_json::Value = r.json_body().await;
     assert_eq!(problem["cost"], 5);
     server.stop().await;
@@ -297,19 +369,30 @@ async fn two_instances_sharing_redis_share_one_limit() {
 async fn shares_one_limit(a: Server, b: Server) {
     let client = reqwest::Client::new();
     let path = "/books/9781449373320";
-    for i in 0..20 {
-        let server = if i % 2 == 0 { &a } else { &b };
+    let start = std::time::Instant::now();
+    for i in 1..=20 {
+        let server = if i % 2 == 1 { &a } else { &b };
         let r = get(&client, &server.url(path), Some("free-demo-key")).await;
+        let elapsed = start.elapsed();
         assert_eq!(r.status(), StatusCode::OK, "lookup {i}");
-        assert_eq!(
-            sf_list(header(&r, "ratelimit"))[0].1[0],
-            ("r".to_owned(), 19 - i)
+        // One bucket: each instance sees the other's lookups.
+        let (name, left) = sf_list(header(&r, "ratelimit"))[0].1[0].clone();
+        assert_eq!(name, "r");
+        let left = u64::try_from(left).unwrap();
+        assert!(
+            remaining_range(20, i, Duration::from_secs(3), elapsed).contains(&left),
+            "r={left} after lookup {i}, {elapsed:?}"
         );
     }
     for server in [&a, &b] {
         let r = get(&client, &server.url(path), Some("free-demo-key")).await;
+        let elapsed = start.elapsed();
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(header(&r, "retry-after"), "3");
+        let wait = secs(&r, "retry-after");
+        assert!(
+            wait_range(3, elapsed).contains(&wait),
+            "{wait} after {elapsed:?}"
+        );
     }
     a.stop().await;
     b.stop().await;
