@@ -19,8 +19,8 @@
 //!     for _call in 0..12 {
 //!         limiter.consume(1).await?; // the first 10 pass at once, then one every 10 ms
 //!     }
-//!     // Give up instead of waiting more than 1 ms:
-//!     assert!(!limiter.try_consume(5, Duration::from_millis(1)).await?);
+//!     // Give up instead of waiting more than 1 ms (10 tokens take 100 ms):
+//!     assert!(!limiter.try_consume(10, Duration::from_millis(1)).await?);
 //!     Ok(())
 //! }
 //! ```

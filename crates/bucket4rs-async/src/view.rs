@@ -20,10 +20,11 @@ use crate::sleep::Sleeper;
 /// #[tokio::main(flavor = "current_thread")]
 /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
 ///     let bucket = Bucket::builder()
-///         .add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_millis(10)))
+///         .add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_millis(200)))
 ///         .build()?;
 ///     let view = bucket.with_sleeper(tokio::time::sleep);
-///     view.consume(3).await?; // 2 now, 1 after 5 ms
+///     view.consume(3).await?; // 2 now, 1 after 100 ms
+///     // 2 more would take 200 ms: not within 1 ms.
 ///     assert!(!view.try_consume(2, Duration::from_millis(1)).await?);
 ///     Ok(())
 /// }

@@ -56,7 +56,12 @@ fn one_word_clocks() -> [(ManualClock, bool); 2] {
 fn lock_free_grants_exactly_the_capacity_and_really_retries() {
     for (clock, compact) in one_word_clocks() {
         let mut retries = 0;
-        for _ in 0..100 {
+        // 100 runs, and more (up to 20 s) while none retried: on a machine busy with other
+        // tests the threads may have run one after another, without contention.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut runs = 0;
+        while runs < 100 || (retries == 0 && Instant::now() < deadline) {
+            runs += 1;
             let bucket = hourly::<LockFree>(clock.clone());
             assert!(
                 bucket.storage().is_packed(),
@@ -72,7 +77,7 @@ fn lock_free_grants_exactly_the_capacity_and_really_retries() {
         // The compare-and-swap loop must actually have been exercised by contention.
         assert!(
             retries > 0,
-            "no CAS retry in 100 contended runs (compact: {compact}): the test proves nothing"
+            "no CAS retry in {runs} contended runs (compact: {compact}): the test proves nothing"
         );
     }
 }
@@ -295,10 +300,19 @@ fn real_clock_never_grants_more_than_capacity_plus_refill() {
     );
     let granted = AtomicU64::new(0);
     let start = Instant::now();
+    // At least 200 ms, and on until 200 tokens (twice the capacity) were granted: threads
+    // starved by a busy machine lose the refill that overflowed the full bucket meanwhile.
+    let wanted = 200;
+    let deadline = Duration::from_secs(20);
     std::thread::scope(|s| {
         for _ in 0..4 {
             s.spawn(|| {
-                while start.elapsed() < Duration::from_millis(200) {
+                loop {
+                    let elapsed = start.elapsed();
+                    let enough = granted.load(Ordering::Relaxed) >= wanted;
+                    if (elapsed >= Duration::from_millis(200) && enough) || elapsed >= deadline {
+                        break;
+                    }
                     if bucket.try_consume(1).expect("valid") {
                         granted.fetch_add(1, Ordering::Relaxed);
                     }
@@ -307,15 +321,15 @@ fn real_clock_never_grants_more_than_capacity_plus_refill() {
         }
     });
     let elapsed = start.elapsed().as_secs_f64();
-    let granted = granted.load(Ordering::Relaxed) as f64;
+    let granted = granted.load(Ordering::Relaxed);
     let bound = 100.0 + 1_000.0 * elapsed + 2.0;
     assert!(
-        granted <= bound,
+        granted as f64 <= bound,
         "granted {granted} tokens in {elapsed:.3} s, bound {bound}"
     );
-    // And the limiter really lets the refill through (generous lower bound for a noisy box).
+    // And the limiter really lets the refill through.
     assert!(
-        granted >= 100.0 + 1_000.0 * 0.2 * 0.5,
-        "granted only {granted}"
+        granted >= wanted,
+        "granted only {granted} in {elapsed:.3} s"
     );
 }

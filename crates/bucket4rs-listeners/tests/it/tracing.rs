@@ -61,7 +61,19 @@ fn event(level: Level, fields: &[(&str, &str)]) -> Captured {
     }
 }
 
+/// tracing-core caches each callsite's interest for the whole process, rebuilt as
+/// dispatchers come and go: a test filtering at `DEBUG` on another thread could race a
+/// capture of `TRACE` events. The tests of this file install their subscribers one at a time.
+static ONE_SUBSCRIBER_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_SUBSCRIBER_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn capture(f: impl FnOnce()) -> Vec<Captured> {
+    let _serial = serial();
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone());
     tracing::subscriber::with_default(subscriber, f);
@@ -153,6 +165,7 @@ fn waits_and_interruptions() {
 /// A subscriber filtering at `DEBUG` sees rejections but not routine consumption.
 #[test]
 fn levels_filter() {
+    let _serial = serial();
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(
         capture
