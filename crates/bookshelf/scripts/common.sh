@@ -3,6 +3,32 @@
 
 URL_PATH=/books/9781593278281
 
+# The client keys `wrk` sends (the array WRK_KEY, its arguments) and the plans file of the
+# layer's side (PLANS, preset by the caller): the one key `bench-key` of
+# crates/bookshelf/bench-plans.toml, or with KEYS=N the next of N keys in turn
+# (scripts/many-keys.lua) and a plans file made for them in a temporary file (replacing
+# PLANS), which `keys_cleanup` removes.
+keys_mode() {
+    WRK_KEY=(-H 'X-API-Key: bench-key')
+    [ -n "${KEYS:-}" ] || return 0
+    PLANS=$(mktemp --suffix .toml)
+    # Never exhausted, and refilled so slowly that no key's bucket is full again (and so
+    # expires) while the run lasts, however seldom each key comes back.
+    {
+        echo '[plans.unmetered]'
+        echo 'limits = [{ id = "bench", capacity = 1_000_000_000_000, refill = 1, period = "1h" }]'
+        echo '[keys]'
+        echo 'bench-key = "unmetered"'
+        for k in $(seq "$KEYS"); do echo "k$k = \"unmetered\""; done
+    } > "$PLANS"
+    WRK_KEY=(-s "$(dirname "${BASH_SOURCE[0]}")/many-keys.lua")
+    export KEYS
+}
+
+keys_cleanup() {
+    if [ -n "${KEYS:-}" ]; then rm -f "$PLANS"; fi
+}
+
 # Waits until the server on `port` answers the bench request; exits when it does not
 # within `tries` tenths of a second (names `log` for the reason).
 wait_for_server() { # port log [tries]

@@ -18,6 +18,19 @@
 #   a/a    `--no-limit` against itself: the method's own bias and spread
 # Prints every round, then the median and quartiles of each pair's loss.
 #
+# The equal sharing is an assumption: each round also reads every server's CPU time (the sum
+# of its threads' /proc/PID/task/TID/schedstat, in ns) around the run, and prints the CPU
+# per request of both sides and the loss it implies at equal CPU, 1 - cpu_b/cpu_a (the
+# `cpu` figures), beside the share of the core each side got (`share`, a's part in %).
+# The shares stray from 50 % by a few points from round to round, and the requests-based
+# loss with them; the CPU-based one is the steadier figure. Its last summary subtracts each
+# round's a/a figure (the bias of the method, e.g. the `--no-limit` server that runs in
+# every pair against a fresh one) from each pair's.
+#
+# With KEYS=N every request carries the next of N client keys in turn (scripts/many-keys.lua,
+# and a plans file made for them in a temporary directory): one bucket per key, each read
+# cold, as with many clients. Without it every request carries the one key `bench-key`.
+#
 # Needs: wrk, taskset, nice -n -15 (root, or drop NICE below), ports 18084-18089 free.
 set -euo pipefail
 
@@ -41,8 +54,18 @@ for b in "$BIN" "$FLOOR" ${BASE:+"$BASE"}; do
 done
 command -v wrk > /dev/null || { echo "wrk is not installed" >&2; exit 1; }
 
+keys_mode
 PIDS=()
-trap stop_servers EXIT
+declare -A PID_OF
+cleanup() {
+    stop_servers
+    keys_cleanup
+}
+trap cleanup EXIT
+
+cpu_ns() { # pid: nanoseconds on a CPU, all threads
+    cat /proc/"$1"/task/*/schedstat 2> /dev/null | awk '{ t += $1 } END { printf "%d", t }'
+}
 
 start() { # port binary args...
     local port=$1 bin=$2
@@ -50,6 +73,7 @@ start() { # port binary args...
     TOKIO_WORKER_THREADS=1 $NICE taskset -c 0 "$bin" --addr "127.0.0.1:$port" "$@" \
         > "/tmp/overhead-paired-$port.log" 2>&1 &
     PIDS+=($!)
+    PID_OF[$port]=$!
     wait_for_server "$port" "/tmp/overhead-paired-$port.log"
 }
 
@@ -65,7 +89,7 @@ fi
 WITHOUT=18085
 
 drive() { # port duration out
-    $NICE taskset -c 1 wrk -t1 -c32 -d"$2" -H 'X-API-Key: bench-key' \
+    $NICE taskset -c 1 wrk -t1 -c32 -d"$2" "${WRK_KEY[@]}" \
         "http://127.0.0.1:$1$URL_PATH" > "$3"
 }
 
@@ -80,6 +104,7 @@ requests() { # wrk output file
 A_OUT=$(mktemp)
 B_OUT=$(mktemp)
 RES=$(mktemp)
+CPU_RES=$(mktemp)
 # warm-up
 for port in 18084 18085 18086 18087 ${BASE:+18088}; do drive "$port" 1s /dev/null; done
 
@@ -87,6 +112,8 @@ for r in $(seq "$ROUNDS"); do
     line="round $r:"
     for pair in "${PAIRS[@]}"; do
         read -r name port <<< "$pair"
+        ca0=$(cpu_ns "${PID_OF[$port]}")
+        cb0=$(cpu_ns "${PID_OF[$WITHOUT]}")
         if [ $((r % 2)) = 1 ]; then
             drive "$port" "$DURATION" "$A_OUT" &
             p1=$!
@@ -98,11 +125,18 @@ for r in $(seq "$ROUNDS"); do
         fi
         p2=$!
         wait "$p1" "$p2"
+        ca=$(($(cpu_ns "${PID_OF[$port]}") - ca0))
+        cb=$(($(cpu_ns "${PID_OF[$WITHOUT]}") - cb0))
         a=$(requests "$A_OUT")
         b=$(requests "$B_OUT")
         loss=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", (1 - a / b) * 100 }')
+        # CPU per request (ns) of each side, the loss at equal CPU, and a's share of the core.
+        read -r pa pb closs share <<< "$(awk -v a="$a" -v b="$b" -v ca="$ca" -v cb="$cb" \
+            'BEGIN { pa = ca / a; pb = cb / b;
+                     printf "%.0f %.0f %.2f %.1f", pa, pb, (1 - pb / pa) * 100, ca * 100 / (ca + cb) }')"
         echo "$name $loss" >> "$RES"
-        line="$line $name $a/$b ${loss} %;"
+        echo "$name $closs $r" >> "$CPU_RES"
+        line="$line $name $a/$b ${loss} % (cpu $pa/$pb ns ${closs} %, share $share %);"
     done
     echo "$line"
 done
@@ -112,4 +146,16 @@ for pair in "${PAIRS[@]}"; do
     read -r name _ <<< "$pair"
     echo "  $name: $(awk -v n="$name" '$1 == n {print $2}' "$RES" | stats)"
 done
-rm -f "$A_OUT" "$B_OUT" "$RES"
+echo "the same at equal CPU (1 - cpu per request without / with), %:"
+for pair in "${PAIRS[@]}"; do
+    read -r name _ <<< "$pair"
+    echo "  $name: $(awk -v n="$name" '$1 == n {print $2}' "$CPU_RES" | stats)"
+done
+echo "at equal CPU, less the same round's a/a (the method's bias taken out), %:"
+for pair in "${PAIRS[@]}"; do
+    read -r name _ <<< "$pair"
+    [ "$name" = a/a ] && continue
+    echo "  $name: $(awk -v n="$name" '$1 == "a/a" { aa[$3] = $2 } $1 == n { v[$3] = $2 }
+        END { for (r in v) print v[r] - aa[r] }' "$CPU_RES" | stats)"
+done
+rm -f "$A_OUT" "$B_OUT" "$RES" "$CPU_RES"
