@@ -20,7 +20,8 @@ use bucket4rs_distributed::{
 use bucket4rs_test::replay_all;
 
 use crate::common::{
-    build, drain_after_restart, epoch_ms, hammer_hot_key, reported, run_children, runtime, simple,
+    build, drain_after_restart, epoch_ms, hammer_hot_key, patient, reported, run_children, runtime,
+    simple,
 };
 
 fn url() -> String {
@@ -146,10 +147,7 @@ fn four_processes_share_one_key_and_grant_exactly_its_tokens() {
             // 16 tasks in 4 processes on one row, one commit (~ms) each: under load a call
             // may wait behind many commits, and this test checks exactness and progress (no
             // call fails, with the DEFAULT retry policy), not latency.
-            let manager = ProxyManager::configure(backend.clone())
-                .timeout(Duration::from_secs(20))
-                .build()
-                .unwrap();
+            let manager = patient(backend.clone());
             let total = hammer_hot_key(&manager, config, start_ms).await;
             (total, backend.stats())
         });
@@ -337,11 +335,8 @@ fn the_locking_fallback_waits_only_until_the_timeouts_and_never_leaks_a_transact
         let b = manager.builder().build("k", cfg).unwrap();
         // The calls that must succeed go through a patient manager on the same pool: on a
         // loaded machine a fresh connection and its statements can take longer than 600 ms.
-        let patient = ProxyManager::configure(backend.clone())
-            .timeout(Duration::from_secs(20))
-            .build()
-            .unwrap();
-        let sure = patient.builder().build("k", cfg).unwrap();
+        let lenient = patient(backend.clone());
+        let sure = lenient.builder().build("k", cfg).unwrap();
         assert!(sure.try_consume(1).await.unwrap());
         let t = &table.name;
         let mut holder = raw().await;
@@ -370,13 +365,10 @@ fn the_locking_fallback_waits_only_until_the_timeouts_and_never_leaks_a_transact
             .timeout(Duration::from_millis(300))
             .build()
             .unwrap();
-        let patient = ProxyManager::configure(backend.clone())
-            .timeout(Duration::from_secs(20))
-            .build()
-            .unwrap();
+        let lenient = patient(backend.clone());
         let b = manager.builder().build("k", cfg).unwrap();
-        let sure = patient.builder().build("k", cfg).unwrap();
-        let other = patient.builder().build("other", cfg).unwrap();
+        let sure = lenient.builder().build("k", cfg).unwrap();
+        let other = lenient.builder().build("other", cfg).unwrap();
         let hold = holder.transaction().await.unwrap();
         hold.query(&lock, &[&b.key().as_str()]).await.unwrap();
         let r = b.try_consume(1).await;
@@ -422,10 +414,7 @@ fn a_hundred_absent_keys_are_created_at_once_in_one_statement_each() {
             &url(),
         )
         .await;
-        let manager = ProxyManager::configure(backend.clone())
-            .timeout(Duration::from_secs(20))
-            .build()
-            .unwrap();
+        let manager = patient(backend.clone());
         let barrier = Arc::new(tokio::sync::Barrier::new(100));
         let mut tasks = Vec::new();
         for k in 0..100 {
@@ -739,20 +728,17 @@ fn a_lock_holder_blocks_callers_only_until_the_timeouts_and_termination_frees_th
             .build()
             .unwrap();
         // Calls that must succeed go through a patient manager on the same pool.
-        let patient = ProxyManager::configure(backend)
-            .timeout(Duration::from_secs(20))
-            .build()
-            .unwrap();
+        let lenient = patient(backend);
         let b = manager
             .builder()
             .build("k", || simple(100, Duration::from_secs(1_000_000)))
             .unwrap();
-        let other = patient
+        let other = lenient
             .builder()
             .build("other", || simple(100, Duration::from_secs(1_000_000)))
             .unwrap();
         assert!(
-            patient
+            lenient
                 .builder()
                 .build("k", || simple(100, Duration::from_secs(1_000_000)))
                 .unwrap()
@@ -934,15 +920,12 @@ fn a_server_restart_errors_within_the_timeout_then_recovers_without_granting_twi
             .build()
             .unwrap();
         // The calls before the stop must all succeed: a patient manager on the same pool.
-        let patient = ProxyManager::configure(backend)
-            .timeout(Duration::from_secs(20))
-            .build()
-            .unwrap();
+        let lenient = patient(backend);
         let b = manager
             .builder()
             .build("k", || simple(100, Duration::from_secs(1_000_000)))
             .unwrap();
-        let sure = patient
+        let sure = lenient
             .builder()
             .build("k", || simple(100, Duration::from_secs(1_000_000)))
             .unwrap();

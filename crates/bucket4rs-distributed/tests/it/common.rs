@@ -152,6 +152,16 @@ pub(crate) fn epoch_ms() -> u128 {
         .as_millis()
 }
 
+/// A manager whose calls may take 20 s: for the calls a test needs to succeed on a loaded
+/// machine (a test about latency keeps its own short timeout).
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) fn patient<B: Backend>(backend: B) -> ProxyManager<B> {
+    ProxyManager::configure(backend)
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("a valid manager")
+}
+
 #[cfg(any(feature = "redis", feature = "postgres"))]
 /// Multi-process tests: in a child, waits until epoch millisecond `start_ms` (so the children
 /// start together), then runs 4 tasks × 1,000 `try_consume(1)` on key `hot`; the tokens

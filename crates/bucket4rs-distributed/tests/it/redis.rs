@@ -14,8 +14,8 @@ use redis::AsyncCommands;
 
 use crate::common::{
     RandomOp, build, concurrent_and_core, core_result, drain_after_restart, epoch_ms,
-    hammer_hot_key, random_config, random_op, remote_result, reported, run_children, runtime,
-    simple, unique_prefix,
+    hammer_hot_key, patient, random_config, random_op, remote_result, reported, run_children,
+    runtime, simple, unique_prefix,
 };
 
 fn url() -> String {
@@ -231,8 +231,8 @@ fn four_processes_share_one_key_and_grant_exactly_its_tokens() {
         let granted: u64 = rt.block_on(async {
             // Exactness and progress are checked, not latency: 16 tasks in 4 processes on one
             // key of a shared server, on a loaded machine, get patient timeouts.
-            let patient = RedisOptions::default().response_timeout(Duration::from_secs(5));
-            let backend = RedisBackend::connect(&url(), patient)
+            let options = RedisOptions::default().response_timeout(Duration::from_secs(5));
+            let backend = RedisBackend::connect(&url(), options)
                 .await
                 .unwrap_or_else(|e| panic!("Redis at {} is required: {e}", url()));
             let manager = ProxyManager::configure(backend)
@@ -542,14 +542,11 @@ fn redis_outage_errors_within_the_timeout_and_resumes_without_granting_twice() {
             .unwrap();
         // The consumptions before the outage must all succeed: a client with the default
         // timeouts takes them (a loaded machine can delay an answer past 200 ms).
-        let patient = RedisBackend::connect(&server.url(), RedisOptions::default())
+        let lenient = RedisBackend::connect(&server.url(), RedisOptions::default())
             .await
             .expect("own redis-server answers");
-        let patient = ProxyManager::configure(patient)
-            .timeout(Duration::from_secs(20))
-            .build()
-            .unwrap();
-        let sure = patient
+        let lenient = patient(lenient);
+        let sure = lenient
             .builder()
             .build("k", || simple(100, Duration::from_secs(1_000_000)))
             .unwrap();
