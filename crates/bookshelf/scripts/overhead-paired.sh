@@ -28,7 +28,7 @@
 # every pair against a fresh one) from each pair's.
 #
 # With KEYS=N every request carries the next of N client keys in turn (scripts/many-keys.lua,
-# and a plans file made for them in a temporary directory): one bucket per key, each read
+# and a plans file made for them in a temporary file): one bucket per key, each read
 # cold, as with many clients. Without it every request carries the one key `bench-key`.
 #
 # Needs: wrk, taskset, nice -n -15 (root, or drop NICE below), ports 18084-18089 free.
@@ -107,6 +107,10 @@ RES=$(mktemp)
 CPU_RES=$(mktemp)
 # warm-up
 for port in 18084 18085 18086 18087 ${BASE:+18088}; do drive "$port" 1s /dev/null; done
+[ "$(cpu_ns "${PID_OF[$WITHOUT]}")" -gt 0 ] || {
+    echo "no CPU time in /proc/PID/task/TID/schedstat (kernel without schedstats?)" >&2
+    exit 1
+}
 
 for r in $(seq "$ROUNDS"); do
     line="round $r:"

@@ -106,7 +106,7 @@ pub(crate) fn build<'r, B: Backend>(
     let manager = ProxyManager::configure(backend)
         .key_prefix(prefix)
         .time_source(TimeSource::client(clock.clone()))
-        .timeout(std::time::Duration::from_secs(30))
+        .timeout(Duration::from_secs(30))
         .build()
         .map_err(e)?;
     let bucket = manager
