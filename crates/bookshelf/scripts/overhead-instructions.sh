@@ -49,6 +49,9 @@ for b in "$BIN" "$FLOOR"; do
         exit 1
     }
 done
+# Absolute: valgrind runs them from the output directory.
+BIN=$(realpath "$BIN")
+FLOOR=$(realpath "$FLOOR")
 for c in valgrind callgrind_control callgrind_annotate wrk curl; do
     command -v "$c" > /dev/null || { echo "$c is not installed" >&2; exit 1; }
 done

@@ -27,6 +27,14 @@
 # round's a/a figure (the bias of the method, e.g. the `--no-limit` server that runs in
 # every pair against a fresh one) from each pair's.
 #
+# Every server is started afresh every RESTART rounds (default 1: each round). A server
+# process carries a bias of its own for its whole life, of a few percent either way (likely
+# where its memory landed in the caches): two `--no-limit` processes of one binary differed
+# by 3.0 % at equal CPU over all 30 rounds of one run, and builds compared with one process
+# each came out 2-4 points apart in one run and the other way round in the next. Fresh
+# processes every round turn that bias into round-to-round spread, which the medians
+# average over.
+#
 # With KEYS=N every request carries the next of N client keys in turn (scripts/many-keys.lua,
 # and a plans file made for them in a temporary file): one bucket per key, each read
 # cold, as with many clients. Without it every request carries the one key `bench-key`.
@@ -44,6 +52,7 @@ BASE=${3:-}
 FLOOR=${FLOOR:-$TARGET/release/examples/header_floor}
 PLANS=$ROOT/crates/bookshelf/bench-plans.toml
 DURATION=${DURATION:-3s}
+RESTART=${RESTART:-1}
 NICE=${NICE:-nice -n -15}
 
 for b in "$BIN" "$FLOOR" ${BASE:+"$BASE"}; do
@@ -77,15 +86,8 @@ start() { # port binary args...
     wait_for_server "$port" "/tmp/overhead-paired-$port.log"
 }
 
-start 18084 "$BIN" --plans "$PLANS"
-start 18085 "$BIN" --no-limit
-start 18086 "$BIN" --no-limit
-start 18087 "$FLOOR"
 PAIRS=("with 18084" "floor 18087" "a/a 18086")
-if [ -n "$BASE" ]; then
-    start 18088 "$BASE" --plans "$PLANS"
-    PAIRS+=("base 18088")
-fi
+[ -n "$BASE" ] && PAIRS+=("base 18088")
 WITHOUT=18085
 
 drive() { # port duration out
@@ -105,14 +107,24 @@ A_OUT=$(mktemp)
 B_OUT=$(mktemp)
 RES=$(mktemp)
 CPU_RES=$(mktemp)
-# warm-up
-for port in 18084 18085 18086 18087 ${BASE:+18088}; do drive "$port" 1s /dev/null; done
-[ "$(cpu_ns "${PID_OF[$WITHOUT]}")" -gt 0 ] || {
-    echo "no CPU time in /proc/PID/task/TID/schedstat (kernel without schedstats?)" >&2
-    exit 1
+# (Re)starts every server, and warms each up.
+start_all() {
+    stop_servers
+    PIDS=()
+    start 18084 "$BIN" --plans "$PLANS"
+    start 18085 "$BIN" --no-limit
+    start 18086 "$BIN" --no-limit
+    start 18087 "$FLOOR"
+    [ -n "$BASE" ] && start 18088 "$BASE" --plans "$PLANS"
+    for port in 18084 18085 18086 18087 ${BASE:+18088}; do drive "$port" 1s /dev/null; done
+    [ "$(cpu_ns "${PID_OF[$WITHOUT]}")" -gt 0 ] || {
+        echo "no CPU time in /proc/PID/task/TID/schedstat (kernel without schedstats?)" >&2
+        exit 1
+    }
 }
 
 for r in $(seq "$ROUNDS"); do
+    [ $(((r - 1) % RESTART)) = 0 ] && start_all
     line="round $r:"
     for pair in "${PAIRS[@]}"; do
         read -r name port <<< "$pair"
