@@ -30,8 +30,9 @@
 # Every server is started afresh every RESTART rounds (default 1: each round). A server
 # process carries a bias of its own for its whole life, of a few percent either way (likely
 # where its memory landed in the caches): two `--no-limit` processes of one binary differed
-# by 3.0 % at equal CPU over all 30 rounds of one run, and builds compared with one process
-# each came out 2-4 points apart in one run and the other way round in the next. Fresh
+# by 3.0 % at equal CPU over all 30 rounds of one run, and two builds compared with one
+# process each came out 2-3 points apart one way in one run and 1-5 the other way in the
+# next. Fresh
 # processes every round turn that bias into round-to-round spread, which the medians
 # average over.
 #
