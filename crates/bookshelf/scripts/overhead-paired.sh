@@ -16,7 +16,8 @@
 #   floor  examples/header_floor: the key read and the two headers with constant values
 #   base   BASELINE_BINARY with the layer (e.g. an older build), if given
 #   a/a    `--no-limit` against itself: the method's own bias and spread
-# Prints every round, then the median and quartiles of each pair's loss.
+# Prints every round, then the median and quartiles of each pair's loss (and, with a
+# baseline, of the per-round difference between the two builds).
 #
 # The equal sharing is an assumption: each round also reads every server's CPU time (the sum
 # of its threads' /proc/PID/task/TID/schedstat, in ns) around the run, and prints the CPU
@@ -32,9 +33,8 @@
 # where its memory landed in the caches): two `--no-limit` processes of one binary differed
 # by 3.0 % at equal CPU over all 30 rounds of one run, and two builds compared with one
 # process each came out 2-3 points apart one way in one run and 1-5 the other way in the
-# next. Fresh
-# processes every round turn that bias into round-to-round spread, which the medians
-# average over.
+# next. Fresh processes every round turn that bias into round-to-round spread, which the
+# medians average over.
 #
 # With KEYS=N every request carries the next of N client keys in turn (scripts/many-keys.lua,
 # and a plans file made for them in a temporary file): one bucket per key, each read
@@ -54,6 +54,7 @@ FLOOR=${FLOOR:-$TARGET/release/examples/header_floor}
 PLANS=$ROOT/crates/bookshelf/bench-plans.toml
 DURATION=${DURATION:-3s}
 RESTART=${RESTART:-1}
+[[ "$RESTART" =~ ^[1-9][0-9]*$ ]] || { echo "RESTART must be a whole number of rounds, 1 or more" >&2; exit 1; }
 NICE=${NICE:-nice -n -15}
 
 for b in "$BIN" "$FLOOR" ${BASE:+"$BASE"}; do
@@ -175,4 +176,12 @@ for pair in "${PAIRS[@]}"; do
     echo "  $name: $(awk -v n="$name" '$1 == "a/a" { aa[$3] = $2 } $1 == n { v[$3] = $2 }
         END { for (r in v) print v[r] - aa[r] }' "$CPU_RES" | stats)"
 done
+if [ -n "$BASE" ]; then
+    # The two builds compared round by round: base's loss less this build's, at equal CPU.
+    diffs=$(awk '$1 == "with" { w[$3] = $2 } $1 == "base" { b[$3] = $2 }
+        END { for (r in b) print b[r] - w[r] }' "$CPU_RES")
+    lower=$(echo "$diffs" | awk '$1 > 0 { n++ } END { printf "%d", n }')
+    echo "base - with, per round at equal CPU (points): $(echo "$diffs" | stats);" \
+        "with lost less in $lower of $ROUNDS rounds"
+fi
 rm -f "$A_OUT" "$B_OUT" "$RES" "$CPU_RES"
