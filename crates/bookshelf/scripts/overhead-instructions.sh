@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The rate-limit layer's cost in the real server, in user-space instructions per request:
-# the noise-free complement of overhead.sh (docs/http.md, "Overhead"). A manual benchmark:
+# the noise-free complement of overhead.sh (docs/http-overhead.md). A manual benchmark:
 # not run by CI or by `cargo test`.
 #
 #   cargo build --release -p bookshelf --bin bookshelf --example header_floor
@@ -9,7 +9,8 @@
 # Each side runs alone under callgrind with one tokio worker: the server with the layer
 # (bench plan, never exhausted), the same binary with `--no-limit`, and the header floor
 # (examples/header_floor.rs: the key read and the two headers with constant values, no
-# rate limiting). `wrk` warms it up, the counters are zeroed, `wrk` drives it for
+# rate limiting), and, when built, examples/governor_peer.rs (PEER=: the same routes behind
+# tower_governor, the closest Rust peer). `wrk` warms it up, the counters are zeroed, `wrk` drives it for
 # $DURATION, and the instructions executed since are divided by the requests `wrk` counted.
 # Kernel time is not counted, and under valgrind `FastClock` reads the clock through
 # `clock_gettime` (about 90 instructions more per request than natively). The counts repeat
@@ -22,7 +23,7 @@
 # and each side's misses per request are printed: L1 instruction misses (I1mr: the 64-byte
 # lines of code fetched anew; this server's request path does not fit in a 32 KiB L1i, so
 # each line of code a request executes is one miss) and L1 data read and write misses
-# (D1mr, D1mw). docs/http.md ("Code footprint") explains why they matter here.
+# (D1mr, D1mw). docs/http-overhead.md ("Code footprint") explains why they matter here.
 #
 # With KEYS=N every request carries the next of N client keys (common.sh, `keys_mode`).
 # Under valgrind the server answers ~2,000 requests per second, so the 3 s warm-up visits
@@ -31,7 +32,7 @@
 # smaller than the host's (a key count that fits a simulated run then misses it as many
 # keys miss a real L2).
 #
-# Needs: valgrind (callgrind_control), wrk, curl, ports 18090-18092 free.
+# Needs: valgrind (callgrind_control), wrk, curl, ports 18090-18093 free.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -40,6 +41,7 @@ ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${1:-$TARGET/release/bookshelf}
 FLOOR=${2:-$TARGET/release/examples/header_floor}
+PEER=${PEER:-$TARGET/release/examples/governor_peer}
 PLANS=$ROOT/crates/bookshelf/bench-plans.toml
 DURATION=${DURATION:-10s}
 
@@ -52,6 +54,12 @@ done
 # Absolute: valgrind runs them from the output directory.
 BIN=$(realpath "$BIN")
 FLOOR=$(realpath "$FLOOR")
+if [ -x "$PEER" ]; then
+    PEER=$(realpath "$PEER")
+else
+    echo "no peer at $PEER: left out (cargo build --release -p bookshelf --example governor_peer)" >&2
+    PEER=
+fi
 for c in valgrind callgrind_control callgrind_annotate wrk curl; do
     command -v "$c" > /dev/null || { echo "$c is not installed" >&2; exit 1; }
 done
@@ -111,19 +119,22 @@ measure() { # name port binary args... -> "instructions_per_request requests [ev
 read -r WITHOUT NW WO_EV < <(measure without 18090 "$BIN" --no-limit)
 read -r WITH NL WI_EV < <(measure with 18091 "$BIN" --plans "$PLANS")
 read -r FLOORI NF FL_EV < <(measure floor 18092 "$FLOOR")
+PEERI=0 NP=0 PE_EV=
+[ -z "$PEER" ] || read -r PEERI NP PE_EV < <(measure peer 18093 "$PEER")
 
-echo "user-space instructions per request (requests counted: $NW, $NL, $NF):"
-awk -v w="$WITH" -v o="$WITHOUT" -v f="$FLOORI" 'BEGIN {
+echo "user-space instructions per request (requests counted: $NW, $NL, $NF${PEER:+, $NP}):"
+awk -v w="$WITH" -v o="$WITHOUT" -v f="$FLOORI" -v p="$PEERI" 'BEGIN {
     printf "  without the layer (--no-limit): %d\n", o
     printf "  with the layer:                 %d  (+%d, +%.1f %%)\n", w, w - o, (w - o) / o * 100
     printf "  header floor:                   %d  (+%d, +%.1f %%)\n", f, f - o, (f - o) / o * 100
     printf "  the layer beyond the floor:     %d\n", w - f
+    if (p > 0) printf "  tower_governor (peer):          %d  (+%d, +%.1f %%)\n", p, p - o, (p - o) / o * 100
 }'
 if [ -n "$CACHE_SIM" ]; then
     # Events after Ir: Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw (per request).
     echo "misses per request (simulated): L1 code lines (I1mr), L1 data reads and writes"
     echo "(D1mr, D1mw), last-level data reads and writes (DLmr, DLmw):"
-    for side in "without:$WO_EV" "with:$WI_EV" "floor:$FL_EV"; do
+    for side in "without:$WO_EV" "with:$WI_EV" "floor:$FL_EV" ${PEER:+"peer:$PE_EV"}; do
         echo "${side%%:*} ${side#*:}" | awk '{ printf "  %-8s I1mr %7.1f  D1mr %6.1f  D1mw %6.1f  DLmr %5.1f  DLmw %5.1f\n", $1, $4, $5, $6, $8, $9 }'
     done
 fi

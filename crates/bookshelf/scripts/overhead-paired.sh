@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The rate-limit layer's HTTP throughput loss, measured in pairs run at the same time: the
-# method for a machine whose speed drifts from second to second (docs/http.md, "How to
-# measure it fairly"). A manual benchmark: not run by CI or by `cargo test`.
+# method for a machine whose speed drifts from second to second (docs/http-overhead.md,
+# "How to measure it fairly"). A manual benchmark: not run by CI or by `cargo test`.
 #
 #   cargo build --release -p bookshelf --bin bookshelf --example header_floor
 #   crates/bookshelf/scripts/overhead-paired.sh [ROUNDS] [BINARY] [BASELINE_BINARY]
@@ -15,9 +15,12 @@
 #   with   the layer (bench plan, never exhausted: every request takes the allowed path)
 #   floor  examples/header_floor: the key read and the two headers with constant values
 #   base   BASELINE_BINARY with the layer (e.g. an older build), if given
+#   peer   examples/governor_peer (PEER=, default under the target directory), when built:
+#          the same routes behind tower_governor, the closest Rust peer, for a side-by-side
+#          figure (cargo build --release -p bookshelf --example governor_peer)
 #   a/a    `--no-limit` against itself: the method's own bias and spread
 # Prints every round, then the median and quartiles of each pair's loss (and, with a
-# baseline, of the per-round difference between the two builds).
+# baseline or the peer, of the per-round difference between it and this build).
 #
 # The equal sharing is an assumption: each round also reads every server's CPU time (the sum
 # of its threads' /proc/PID/task/TID/schedstat, in ns) around the run, and prints the CPU
@@ -51,6 +54,7 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${2:-$TARGET/release/bookshelf}
 BASE=${3:-}
 FLOOR=${FLOOR:-$TARGET/release/examples/header_floor}
+PEER=${PEER:-$TARGET/release/examples/governor_peer}
 PLANS=$ROOT/crates/bookshelf/bench-plans.toml
 DURATION=${DURATION:-3s}
 RESTART=${RESTART:-1}
@@ -63,6 +67,11 @@ for b in "$BIN" "$FLOOR" ${BASE:+"$BASE"}; do
         exit 1
     }
 done
+if [ ! -x "$PEER" ]; then
+    echo "no peer at $PEER: the peer pair is left out" \
+        "(cargo build --release -p bookshelf --example governor_peer)" >&2
+    PEER=
+fi
 command -v wrk > /dev/null || { echo "wrk is not installed" >&2; exit 1; }
 
 keys_mode
@@ -90,6 +99,7 @@ start() { # port binary args...
 
 PAIRS=("with 18084" "floor 18087" "a/a 18086")
 [ -n "$BASE" ] && PAIRS+=("base 18088")
+[ -n "$PEER" ] && PAIRS+=("peer 18089")
 WITHOUT=18085
 
 drive() { # port duration out
@@ -118,7 +128,10 @@ start_all() {
     start 18086 "$BIN" --no-limit
     start 18087 "$FLOOR"
     [ -n "$BASE" ] && start 18088 "$BASE" --plans "$PLANS"
-    for port in 18084 18085 18086 18087 ${BASE:+18088}; do drive "$port" 1s /dev/null; done
+    [ -n "$PEER" ] && start 18089 "$PEER"
+    for port in 18084 18085 18086 18087 ${BASE:+18088} ${PEER:+18089}; do
+        drive "$port" 1s /dev/null
+    done
     [ "$(cpu_ns "${PID_OF[$WITHOUT]}")" -gt 0 ] || {
         echo "no CPU time in /proc/PID/task/TID/schedstat (kernel without schedstats?)" >&2
         exit 1
@@ -176,12 +189,16 @@ for pair in "${PAIRS[@]}"; do
     echo "  $name: $(awk -v n="$name" '$1 == "a/a" { aa[$3] = $2 } $1 == n { v[$3] = $2 }
         END { for (r in v) print v[r] - aa[r] }' "$CPU_RES" | stats)"
 done
-if [ -n "$BASE" ]; then
-    # The two builds compared round by round: base's loss less this build's, at equal CPU.
-    diffs=$(awk '$1 == "with" { w[$3] = $2 } $1 == "base" { b[$3] = $2 }
+# Another side compared with this build round by round: its loss less this build's, at
+# equal CPU (positive: this build lost less).
+compare() { # name
+    local diffs lower
+    diffs=$(awk -v n="$1" '$1 == "with" { w[$3] = $2 } $1 == n { b[$3] = $2 }
         END { for (r in b) print b[r] - w[r] }' "$CPU_RES")
     lower=$(echo "$diffs" | awk '$1 > 0 { n++ } END { printf "%d", n }')
-    echo "base - with, per round at equal CPU (points): $(echo "$diffs" | stats);" \
+    echo "$1 - with, per round at equal CPU (points): $(echo "$diffs" | stats);" \
         "with lost less in $lower of $ROUNDS rounds"
-fi
+}
+if [ -n "$BASE" ]; then compare base; fi
+if [ -n "$PEER" ]; then compare peer; fi
 rm -f "$A_OUT" "$B_OUT" "$RES" "$CPU_RES"
