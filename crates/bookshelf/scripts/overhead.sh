@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The rate-limit layer's HTTP throughput loss, measured as docs/http.md ("Overhead", "How to
+# The rate-limit layer's HTTP throughput loss, measured as docs/http-overhead.md ("How to
 # measure it fairly") describes. A manual benchmark: not run by CI or by `cargo test`.
 #
 #   cargo build --release -p bookshelf

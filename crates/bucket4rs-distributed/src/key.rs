@@ -281,7 +281,7 @@ impl KeyPolicy {
         let len = p + 1 + user_key.len();
         // The common case, a short key of plain bytes: checked, then copied. Compact on
         // purpose: it runs once per request of an HTTP layer, whose code is fetched anew for
-        // each request (docs/http.md), so the rest is out of line.
+        // each request (docs/http-overhead.md), so the rest is out of line.
         if len <= INLINE_KEY.min(self.max_len) && user_key.iter().all(|&b| plain(b)) {
             let mut buf = [0u8; INLINE_KEY];
             buf[..p].copy_from_slice(self.prefix.as_bytes());

@@ -69,7 +69,8 @@ impl Backend for Unreachable {
 /// The layer's default bucket store: an [`EmbeddedBackend`] on [`FastClock`], the local
 /// buckets' default clock (epoch nanoseconds advanced by the CPU's time-stamp counter). For a
 /// store that lives in this process only, a clock that never goes back and costs a quarter
-/// of a system-time reading is the better time source (see docs/http.md, *Overhead*).
+/// of a system-time reading is the better time source (docs/http-overhead.md, "The
+/// `RateLimit` value cache and the store's clock").
 ///
 /// ```
 /// let backend = bucket4rs_tower::embedded_backend().with_max_keys(1_000);
@@ -728,7 +729,7 @@ fn probe_of(
 ///
 /// Not inlined, like the other answers of the layer: the allowed path, which runs on every
 /// request, stays compact (in a server, its code is fetched anew for each request: see
-/// "Code footprint" in docs/http.md).
+/// "Code footprint" in docs/http-overhead.md).
 #[inline(never)]
 fn refusal<ResBody: From<Bytes>>(
     effective: &Plan,
