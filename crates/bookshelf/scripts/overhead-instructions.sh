@@ -16,8 +16,11 @@
 # `clock_gettime` (about 90 instructions more per request than natively). The counts repeat
 # to about 0.1 % whatever else runs on the machine.
 #
-# With KEEP=DIR the callgrind dumps are kept there (`callgrind_annotate DIR/with.out.1`
-# shows where a side's instructions go, e.g. hyper writing the two extra fields).
+# With KEEP=DIR the callgrind dumps are kept there. With TOP=N each side's N functions of
+# largest own cost per request are printed (scripts/callgrind-self.awk), in TOP_EVENT
+# (default Ir, or DLmr with CACHE=1: last-level data read misses, where many keys' cost is);
+# on a build with line tables (CARGO_PROFILE_RELEASE_DEBUG=line-tables-only) the functions
+# inlined into others are named too.
 #
 # With CACHE=1 callgrind also simulates the caches (`--cache-sim=yes`, the host's L1 sizes)
 # and each side's misses per request are printed: L1 instruction misses (I1mr: the 64-byte
@@ -130,6 +133,16 @@ awk -v w="$WITH" -v o="$WITHOUT" -v f="$FLOORI" -v p="$PEERI" 'BEGIN {
     printf "  the layer beyond the floor:     %d\n", w - f
     if (p > 0) printf "  tower_governor (peer):          %d  (+%d, +%.1f %%)\n", p, p - o, (p - o) / o * 100
 }'
+if [ -n "${TOP:-}" ]; then
+    ev=${TOP_EVENT:-$([ -n "$CACHE_SIM" ] && echo DLmr || echo Ir)}
+    echo "each side's $TOP functions of largest own $ev per request:"
+    for side in "without:$NW" "with:$NL" "floor:$NF" ${PEER:+"peer:$NP"}; do
+        echo "  ${side%%:*}:"
+        dump=$(ls "$OUT/${side%%:*}.out".* | head -1)
+        awk -v ev="$ev" -v n="${side#*:}" -f "$(dirname "$0")/callgrind-self.awk" "$dump" |
+            sort -rn | awk -v t="$TOP" 'NR <= t { print "    " $0 }'
+    done
+fi
 if [ -n "$CACHE_SIM" ]; then
     # Events after Ir: Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw (per request).
     echo "misses per request (simulated): L1 code lines (I1mr), L1 data reads and writes"
