@@ -18,10 +18,11 @@ const FORBIDDEN_IN_CORE: [&str; 6] = [
     "quanta",
 ];
 
-/// The only direct dependencies bucket4rs-core may have: optional `serde`, and
-/// `strength_reduce` (no_std, dependency-free), whose precomputed reciprocal replaces the
-/// hardware divide by the refill period on every operation (see ARCHITECTURE.md).
-const ALLOWED_CORE_DIRECT: [&str; 2] = ["serde", "strength_reduce"];
+/// The only direct dependencies bucket4rs-core may have: optional `serde`; `strength_reduce`
+/// (no_std, dependency-free), whose precomputed reciprocal replaces the hardware divide by
+/// the refill period on every operation; and `smallvec` (no_std, dependency-free but for
+/// `serde`), which keeps a one-bandwidth bucket's state inline (see ARCHITECTURE.md).
+const ALLOWED_CORE_DIRECT: [&str; 3] = ["serde", "smallvec", "strength_reduce"];
 
 /// The only workspace crate allowed to depend on loom (through its private `primitive` module).
 const LOOM_USER: &str = "bucket4rs-local";

@@ -616,6 +616,31 @@ fn serde_round_trip_keeps_every_kind_and_state() {
     assert_eq!(serde_json::from_str::<BucketState>(&json).unwrap(), state);
 }
 
+/// A state is serialized as a plain sequence of its bandwidths, whether it holds them inline
+/// (up to two) or on the heap: the format does not depend on how many there are.
+#[cfg(feature = "serde")]
+#[test]
+fn serde_state_is_a_sequence_inline_or_not() {
+    for n in 0..5_i64 {
+        let parts: Vec<BandwidthState> = (0..n)
+            .map(|i| BandwidthState::from_parts(i, -i, i * 7))
+            .collect();
+        let state = BucketState::from_bandwidths(parts.clone());
+        let json = serde_json::to_value(&state).unwrap();
+        let expected: Vec<serde_json::Value> = parts
+            .iter()
+            .map(|p| serde_json::to_value(p).unwrap())
+            .collect();
+        assert_eq!(
+            json,
+            serde_json::json!({ "bandwidths": expected }),
+            "{n} bandwidths"
+        );
+        assert_eq!(serde_json::from_value::<BucketState>(json).unwrap(), state);
+        assert_eq!(state.bandwidths(), &parts[..]);
+    }
+}
+
 // --- ManualClock ----------------------------------------------------------------------------------
 
 /// Reads a clock through the generic `Clock` impls (`&C`, `Arc<C>`).
