@@ -12,6 +12,7 @@ use bucket4rs_core::{Clock, SystemNanosClock};
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as MapEntry;
 use foldhash::fast::RandomState;
+use smallvec::SmallVec;
 
 use crate::backend::{Backend, BackendClock, DecodedWrite, Transaction};
 use crate::error::{BackendError, BackendErrorKind};
@@ -139,21 +140,32 @@ fn expiry(at: i64, ttl: Option<Duration>) -> i64 {
     })
 }
 
-/// A key of the map: a [`StorageKey`] looked up by its bytes (`[u8]`'s hashing and
+/// A key of the map: a [`StorageKey`]'s bytes, looked up by them (`[u8]`'s hashing and
 /// equality), so a key encoded on the stack needs no UTF-8 check to be found
 /// ([`EmbeddedBackend::take_live`]).
+///
+/// Up to [`INLINE_KEY`] bytes are kept in the map's entry itself, beside the record (whose
+/// state is inline too for a one-bandwidth bucket, see `BucketState`): a live key's lookup
+/// then reads the entry (104 bytes) and no other allocation. With many clients each lookup reads its key's data cold, and the lines
+/// it reads are what a request costs (docs/http-overhead.md, "Both at once"). Longer keys
+/// are kept on the heap.
 #[derive(PartialEq, Eq)]
-struct MapKey(StorageKey);
+struct MapKey(SmallVec<[u8; INLINE_KEY]>);
+
+/// The longest key kept inline in the map's entry: with the manager's default prefix
+/// (`bucket4rs:`), a client key of up to 14 bytes, such as a short API key or most IPv4
+/// addresses. The key takes 32 bytes of the entry (`smallvec`'s `union` feature).
+const INLINE_KEY: usize = 24;
 
 impl Hash for MapKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.0.as_bytes().hash(state);
+        self.0.as_slice().hash(state);
     }
 }
 
 impl Borrow<[u8]> for MapKey {
     fn borrow(&self) -> &[u8] {
-        self.0.as_bytes()
+        self.0.as_slice()
     }
 }
 
@@ -340,7 +352,10 @@ impl EmbeddedBackend {
         loop {
             let now = self.clock.now_nanos();
             let backend_now = tx.needs_backend_clock().then_some(now);
-            match self.map.entry(MapKey(key.to_owned())) {
+            match self
+                .map
+                .entry(MapKey(SmallVec::from_slice(key.as_str().as_bytes())))
+            {
                 MapEntry::Occupied(mut o) => {
                     let live = !o.get_mut().expired_mut(now);
                     let current = if live {

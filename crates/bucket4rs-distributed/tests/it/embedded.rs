@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use bucket4rs_core::{Bandwidth, BucketConfiguration, Clock, ManualClock};
 use bucket4rs_distributed::{
-    Backend, BackendErrorKind, DistributedError, EmbeddedBackend, ProxyManager, TimeSource, format,
+    Backend, BackendErrorKind, DistributedError, EmbeddedBackend, KeyPolicy, ProxyManager,
+    TimeSource, format,
 };
 use bucket4rs_test::replay_all;
 
@@ -299,6 +300,56 @@ fn zero_arguments_are_rejected_before_touching_the_backend() {
             bucket.reserve(1, 0).await,
             Err(DistributedError::Operation(ZeroMaxWait))
         );
+        assert!(m.backend().is_empty());
+    });
+}
+
+/// Storage keys of every length around the 24 bytes the map keeps inline in its entries
+/// (shorter ones inline, longer ones on the heap) each get a bucket of their own, through
+/// the async and the in-process paths alike, and are found and removed by their bytes.
+#[test]
+fn keys_either_side_of_the_inline_limit_are_distinct_buckets() {
+    let rt = runtime();
+    let clock = ManualClock::new(1_000);
+    let config = simple(100, Duration::from_secs(100));
+    // With the prefix "p" ("p:", 2 bytes), user keys of 1..=40 bytes: storage keys of 3..=42.
+    let m = ProxyManager::configure(EmbeddedBackend::with_clock(clock.clone()))
+        .key_prefix("p")
+        .build()
+        .unwrap();
+    let policy = KeyPolicy::new("p").unwrap();
+    let keys: Vec<String> = (1..=40).map(|n| "k".repeat(n)).collect();
+    rt.block_on(async {
+        for (i, k) in keys.iter().enumerate() {
+            let c = config.clone();
+            let bucket = m.builder().build(k, move || c.clone()).unwrap();
+            // Key i takes i + 1 tokens, so every key's bucket ends in a state of its own.
+            let n = u64::try_from(i).unwrap() + 1;
+            assert!(
+                bucket.try_consume(n).await.unwrap(),
+                "key of {} bytes",
+                k.len()
+            );
+        }
+        assert_eq!(m.backend().len(), keys.len());
+        for (i, k) in keys.iter().enumerate() {
+            let c = config.clone();
+            let bucket = m.builder().build(k, move || c.clone()).unwrap();
+            let left = 100 - (i64::try_from(i).unwrap() + 1);
+            assert_eq!(bucket.available_tokens().await.unwrap(), left, "{k}");
+            // The in-process path finds the same record by the key's bytes.
+            let sync = m
+                .in_process_bucket(k.as_bytes(), &config)
+                .unwrap()
+                .expect("an in-process bucket");
+            let v = sync.try_consume_and_return_remaining(1).unwrap();
+            assert!(v.value.is_consumed(), "{k}");
+            assert_eq!(bucket.available_tokens().await.unwrap(), left - 1, "{k}");
+        }
+        for k in &keys {
+            let storage = policy.key(k).unwrap();
+            assert!(m.backend().remove(&storage).await.unwrap(), "{k}");
+        }
         assert!(m.backend().is_empty());
     });
 }
