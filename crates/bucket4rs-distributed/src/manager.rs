@@ -578,6 +578,126 @@ impl<B: Backend> ProxyManager<B> {
         }))
     }
 
+    /// Whether consumptions of a live key run in place, so that
+    /// [`try_consume_live_with`](Self::try_consume_live_with) can answer `Some`: an
+    /// [`EmbeddedBackend`] with the backend's clock (the default [`TimeSource`]).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager, TimeSource};
+    /// assert!(ProxyManager::new(EmbeddedBackend::new()).runs_in_place());
+    /// let client_clock = ProxyManager::configure(EmbeddedBackend::new())
+    ///     .time_source(TimeSource::client(bucket4rs_core::SystemNanosClock))
+    ///     .build()?;
+    /// assert!(!client_clock.runs_in_place());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn runs_in_place(&self) -> bool {
+        self.inner.time.0.is_none()
+            && (&self.inner.backend as &dyn core::any::Any).is::<EmbeddedBackend>()
+    }
+
+    /// [`InProcessBucket::try_consume_with`] on the *live* bucket of `key`, under whatever
+    /// configuration it holds, without naming one. `select` sees that configuration first:
+    /// its `None` leaves the bucket untouched; with `Some(p)` the tokens are consumed and
+    /// `f` is given `p` and the result, configuration and state, as `try_consume_with`
+    /// lends them.
+    ///
+    /// `Ok(None)`, with nothing changed and `f` not called, when `select` declines, the key
+    /// has no live bucket (absent or expired), or the in-place path does not apply
+    /// ([`runs_in_place`](Self::runs_in_place) is false). The caller then takes
+    /// [`in_process_bucket`](Self::in_process_bucket) (or [`builder`](Self::builder)), which
+    /// creates the bucket.
+    ///
+    /// For a caller that learns what it needs from the bucket itself: an HTTP layer whose
+    /// plan of a key never changes finds a known client's plan from its bucket's
+    /// configuration, and so looks the key up once rather than once in its plan table and
+    /// once here. The operation on a live bucket is `try_consume_with`'s (the configuration
+    /// given to a transaction only ever creates a bucket), with the same results, state and
+    /// expiry.
+    ///
+    /// # Errors
+    /// [`DistributedError::Key`] when the key is too long, and those of `try_consume`
+    /// (`tokens` of 0); nothing is then changed and neither closure called.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// let capacity = |c: &BucketConfiguration| Some(c.bandwidths()[0].capacity());
+    /// // No bucket yet: nothing runs.
+    /// assert_eq!(manager.try_consume_live_with("k", 1, capacity, |_, v| v.value)?, None);
+    /// manager.in_process_bucket("k", &config)?.unwrap().try_consume(1)?;
+    /// let seen = manager.try_consume_live_with("k", 1, capacity, |capacity, v| {
+    ///     (capacity, v.state.bandwidths()[0].tokens())
+    /// })?;
+    /// assert_eq!(seen, Some((3, 1)));
+    /// // Declined: the bucket is left as it is.
+    /// assert_eq!(manager.try_consume_live_with("k", 1, |_| None::<()>, |_, v| v.value)?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume_live_with<P, R>(
+        &self,
+        key: impl AsRef<[u8]>,
+        tokens: u64,
+        select: impl FnOnce(&BucketConfiguration) -> Option<P>,
+        f: impl FnOnce(P, VerboseRef<'_, bool>) -> R,
+    ) -> Result<Option<R>, DistributedError> {
+        let op = ops::TryConsume(tokens);
+        op.validate()?;
+        let key = self.inner.keys.encode(key.as_ref())?;
+        self.in_place(key.as_bytes(), &op, select, f).transpose()
+    }
+
+    /// `op` on the live record of `key` (encoded) of an [`EmbeddedBackend`] without a
+    /// transaction, when the manager computes at the backend's clock, `op` only takes
+    /// tokens and `select` accepts the record's configuration: the steps (and results) of
+    /// the transaction [`InProcessBucket::op_with`] runs otherwise, whose backend would
+    /// answer [`DecodedWrite::Consumed`] or [`DecodedWrite::Keep`]. `None`, with nothing
+    /// run, in any other case (another backend or clock, another operation, an absent or
+    /// expired key, a configuration `select` declines).
+    #[inline]
+    fn in_place<O, P, R>(
+        &self,
+        key: &[u8],
+        op: &O,
+        select: impl FnOnce(&BucketConfiguration) -> Option<P>,
+        f: impl FnOnce(P, VerboseRef<'_, O::Output>) -> R,
+    ) -> Option<Result<R, DistributedError>>
+    where
+        O: RemoteOp,
+    {
+        let inner = &self.inner;
+        if inner.time.0.is_some() || !only_takes_tokens(op.command()) {
+            return None;
+        }
+        let backend = (&inner.backend as &dyn core::any::Any).downcast_ref::<EmbeddedBackend>()?;
+        backend
+            .take_live(key, inner.ttl_margin, |record, now| {
+                let Some(selected) = select(&record.config) else {
+                    return (None, false);
+                };
+                #[cfg(test)]
+                tests::IN_PLACE_RUNS.with(|n| n.set(n.get() + 1));
+                match run_op(op, record, now) {
+                    Ok((value, took)) => {
+                        let out = f(
+                            selected,
+                            VerboseRef {
+                                value,
+                                configuration: &record.config,
+                                state: &record.state,
+                                now_nanos: now,
+                            },
+                        );
+                        (Some(Ok(out)), took)
+                    }
+                    Err(e) => (Some(Err(e)), false),
+                }
+            })
+            .flatten()
+    }
+
     /// Deletes a key's bucket; whether it existed. The next use recreates it from its
     /// configuration supplier.
     ///
@@ -917,38 +1037,15 @@ impl<B: Backend> InProcessBucket<'_, B> {
         tx.out.unwrap_or_else(|| Err(not_run()))
     }
 
-    /// `op` on the live record of an [`EmbeddedBackend`] without a transaction, when the
-    /// manager computes at the backend's clock and `op` only takes tokens: the steps (and
-    /// results) of the transaction [`op_with`](Self::op_with) runs otherwise, whose
-    /// backend would answer [`DecodedWrite::Consumed`] or [`DecodedWrite::Keep`]. `None`,
-    /// with nothing run, in any other case (another backend or clock, another operation,
-    /// an absent or expired key): the transaction handles those.
+    /// `op` on the live record in place when that applies ([`ProxyManager::in_place`]).
+    #[inline]
     fn in_place<O, R, F>(&self, op: &O, f: &mut F) -> Option<Result<R, DistributedError>>
     where
         O: RemoteOp,
         F: FnMut(VerboseRef<'_, O::Output>) -> R,
     {
-        let inner = &self.manager.inner;
-        if inner.time.0.is_some() || !only_takes_tokens(op.command()) {
-            return None;
-        }
-        let backend = (&inner.backend as &dyn core::any::Any).downcast_ref::<EmbeddedBackend>()?;
-        backend.take_live(self.key.as_bytes(), inner.ttl_margin, |record, now| {
-            #[cfg(test)]
-            tests::IN_PLACE_RUNS.with(|n| n.set(n.get() + 1));
-            match run_op(op, record, now) {
-                Ok((value, took)) => {
-                    let out = f(VerboseRef {
-                        value,
-                        configuration: &record.config,
-                        state: &record.state,
-                        now_nanos: now,
-                    });
-                    (Ok(out), took)
-                }
-                Err(e) => (Err(e), false),
-            }
-        })
+        self.manager
+            .in_place(self.key.as_bytes(), op, |_| Some(()), |(), v| f(v))
     }
 
     fn tx<'s, O>(
@@ -2613,6 +2710,10 @@ mod tests {
     std::thread_local! {
         /// How many operations [`InProcessBucket::in_place`] ran on this thread.
         pub(super) static IN_PLACE_RUNS: Cell<u64> = const { Cell::new(0) };
+        /// How many `try_consume_live_with` callbacks ran on this thread.
+        static LIVE_RUNS: Cell<u64> = const { Cell::new(0) };
+        /// How many live buckets their `select` declined on this thread.
+        static DECLINED: Cell<u64> = const { Cell::new(0) };
     }
 
     /// An [`EmbeddedBackend`] the manager does not recognise: every operation goes through
@@ -2656,13 +2757,42 @@ mod tests {
     /// What a consumption answered: the callback's view, or the error.
     type Seen = Result<(String, BucketConfiguration, BucketState, i64), String>;
 
+    /// How a step consumes.
+    #[derive(Clone, Copy, Debug)]
+    enum Via {
+        TryConsume,
+        WithRemaining,
+        /// `try_consume_live_with` first; `try_consume_with` when it answers `None`.
+        Live,
+    }
+
     fn consume<B: Backend>(
         manager: &ProxyManager<B>,
         key: &str,
         config: &BucketConfiguration,
         tokens: u64,
-        with_remaining: bool,
+        via: Via,
     ) -> Seen {
+        if let Via::Live = via {
+            // Declined for a one-bandwidth bucket: then untouched, as the transaction
+            // that follows must show.
+            let select = |c: &BucketConfiguration| {
+                let accept = c.bandwidths().len() > 1;
+                DECLINED.with(|n| n.set(n.get() + u64::from(!accept)));
+                accept.then_some(())
+            };
+            let live = manager.try_consume_live_with(key, tokens, select, |(), v| {
+                LIVE_RUNS.with(|n| n.set(n.get() + 1));
+                let value = format!("{:?}", v.value);
+                (value, v.configuration.clone(), v.state.clone(), v.now_nanos)
+            });
+            match live {
+                Ok(Some(seen)) => return Ok(seen),
+                Ok(None) => {}
+                Err(e) => return Err(format!("{e:?}")),
+            }
+        }
+        let with_remaining = matches!(via, Via::WithRemaining);
         let bucket = manager
             .in_process_bucket(key, config)
             .map_err(|e| format!("{e:?}"))?
@@ -2684,7 +2814,9 @@ mod tests {
     /// The in-place path gives the results, states and expiries of the transaction it
     /// stands for: the same random sequence of consumptions (refills, exhausted tokens,
     /// invalid arguments, keys expiring, a key cap refusing a new key, a configuration
-    /// other than the stored one) through both, compared step by step.
+    /// other than the stored one) through both, compared step by step. A third of the steps
+    /// go through `try_consume_live_with` first (taking the transaction when it answers
+    /// `None`, which must then have changed nothing).
     #[test]
     fn in_place_matches_the_transaction() {
         let fast_clock = ManualClock::new(1_000);
@@ -2722,6 +2854,8 @@ mod tests {
             .build()
             .unwrap();
         let before = IN_PLACE_RUNS.with(Cell::get);
+        let live_before = LIVE_RUNS.with(Cell::get);
+        let declined_before = DECLINED.with(Cell::get);
         let mut rng = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = |n: u64| {
             rng ^= rng << 13;
@@ -2734,9 +2868,9 @@ mod tests {
             let key = keys[next(keys.len() as u64) as usize];
             let config = &configs[next(configs.len() as u64) as usize];
             let tokens = next(8);
-            let with_remaining = next(2) == 0;
-            let a = consume(&fast, key, config, tokens, with_remaining);
-            let b = consume(&slow, key, config, tokens, with_remaining);
+            let via = [Via::TryConsume, Via::WithRemaining, Via::Live][next(3) as usize];
+            let a = consume(&fast, key, config, tokens, via);
+            let b = consume(&slow, key, config, tokens, via);
             assert_eq!(a, b, "step {step}: {key} {tokens}");
             refused += usize::from(a.as_ref().is_err_and(|e| e.contains("CapacityExhausted")));
             let by = steps[next(steps.len() as u64) as usize];
@@ -2752,6 +2886,14 @@ mod tests {
         }
         let runs = IN_PLACE_RUNS.with(Cell::get) - before;
         assert!(runs > 1_000, "{runs} operations in place");
+        // Only the recognised backend runs the live path (the generic one always answers
+        // `None`): about a third of the steps, half of them declined.
+        let live = LIVE_RUNS.with(Cell::get) - live_before;
+        let declined = DECLINED.with(Cell::get) - declined_before;
+        assert!(
+            live > 200 && declined > 200,
+            "{live} live, {declined} declined"
+        );
         assert!(refused > 0, "the key cap never refused a key");
     }
 }

@@ -116,6 +116,11 @@ impl PlanResolver for PlanTable {
     fn resolve(&self, key: &str) -> Option<Plan> {
         self.keys.get(key).cloned()
     }
+
+    /// Every plan of the table: a table lent to a layer is never changed.
+    fn fixed_plans(&self) -> Option<Vec<Plan>> {
+        Some(self.plans.values().cloned().collect())
+    }
 }
 
 fn type_name(v: &Value) -> &'static str {

@@ -39,6 +39,9 @@ struct Shared<B> {
     manager: ProxyManager<B>,
     key: KeyExtractor,
     plans: Option<Arc<dyn PlanResolver>>,
+    /// The resolver's plans when they are fixed and the store runs consumptions in place:
+    /// a known client's plan is then read off its bucket ([`FixedPlans`]).
+    fixed: Option<FixedPlans>,
     cost: Arc<CostFn>,
     failure: FailurePolicy,
     /// A manager whose backend always fails: lets the [`FailurePolicy`] decide without a
@@ -47,6 +50,63 @@ struct Shared<B> {
     missing_key: StatusCode,
     unknown_key: StatusCode,
     remaining_header: bool,
+}
+
+/// The most plans [`FixedPlans`] takes: a known client's plan is found by comparing its
+/// bucket's configuration with each plan's, which stays cheaper than a key lookup only for
+/// a few plans.
+const MAX_FIXED_PLANS: usize = 16;
+
+/// The plans of a resolver whose answers never change ([`PlanResolver::fixed_plans`]),
+/// each with a configuration of its own (by identity).
+///
+/// A key that has a live bucket got it from the layer under its plan, so the bucket holds
+/// that plan's configuration (the same `Arc`, cloned when the bucket was created): the
+/// layer consumes from the bucket first and reads the plan off the configuration it finds
+/// there, and resolves the key only when it has no live bucket. One lookup of the key per
+/// request instead of two (the plan table's and the store's): with many clients each
+/// lookup reads its key's data out of the cache, and together with the embedded map's
+/// inline keys and states this took ~4 points off the loss with 10,000 clients
+/// (docs/http-overhead.md, "Both at once").
+struct FixedPlans {
+    plans: Box<[Plan]>,
+}
+
+impl FixedPlans {
+    /// `None` when the resolver's answers may change, or it has no plans, more than
+    /// [`MAX_FIXED_PLANS`], or two plans sharing one configuration (a bucket's
+    /// configuration would not tell them apart).
+    fn of(resolver: &dyn PlanResolver) -> Option<Self> {
+        let plans = resolver.fixed_plans()?;
+        if plans.is_empty() || plans.len() > MAX_FIXED_PLANS {
+            return None;
+        }
+        for (i, a) in plans.iter().enumerate() {
+            if plans[..i]
+                .iter()
+                .any(|b| identical(a.configuration(), b.configuration()))
+            {
+                return None;
+            }
+        }
+        Some(Self {
+            plans: plans.into_boxed_slice(),
+        })
+    }
+
+    /// The plan whose configuration `config` is (by identity).
+    #[inline]
+    fn plan_of(&self, config: &BucketConfiguration) -> Option<&Plan> {
+        self.plans
+            .iter()
+            .find(|p| identical(p.configuration(), config))
+    }
+}
+
+/// Whether two configurations are one (the same bandwidths allocation).
+#[inline]
+fn identical(a: &BucketConfiguration, b: &BucketConfiguration) -> bool {
+    core::ptr::eq(a.bandwidths(), b.bandwidths())
 }
 
 /// A backend that is always unavailable (see `Shared::unreachable`).
@@ -258,11 +318,17 @@ impl<B: Backend> RateLimitLayerBuilder<B> {
     /// let layer = bucket4rs_tower::RateLimitLayer::builder().build();
     /// ```
     pub fn build(self) -> RateLimitLayer<B> {
+        let fixed = self
+            .plans
+            .as_deref()
+            .filter(|_| self.manager.runs_in_place())
+            .and_then(FixedPlans::of);
         RateLimitLayer {
             shared: Arc::new(Shared {
                 manager: self.manager,
                 key: self.key,
                 plans: self.plans,
+                fixed,
                 cost: self.cost,
                 failure: self.failure,
                 unreachable: ProxyManager::new(Unreachable),
@@ -857,7 +923,7 @@ where
 /// bucket decoded by a remote backend, or a changed plan) is a call.
 #[inline]
 fn same_config(a: &BucketConfiguration, b: &BucketConfiguration) -> bool {
-    core::ptr::eq(a.bandwidths(), b.bandwidths()) || equal_configs(a, b)
+    identical(a, b) || equal_configs(a, b)
 }
 
 #[inline(never)]
@@ -916,10 +982,38 @@ where
                 "the request carries no usable client key",
             ));
         };
+        let cost = (shared.cost)(&info);
+        let remaining_header = shared.remaining_header;
+        // Fixed plans on an in-place store: a known client's bucket first, its plan read
+        // off the bucket's configuration (one lookup of the key instead of two; see
+        // `FixedPlans`). A key without a live bucket, a bucket under a configuration none
+        // of the plans has, and a cost beyond the plan's capacity are left untouched here
+        // and go the resolving way below.
+        if let Some(fixed) = &shared.fixed {
+            if cost != 0 {
+                let live = shared.manager.try_consume_live_with(
+                    key.as_bytes(),
+                    cost,
+                    |config| fixed.plan_of(config).filter(|p| cost <= p.min_capacity()),
+                    |plan, v| (plan, decide(plan, &v, cost, remaining_header)),
+                );
+                // `Err`: a key too long, which the resolving path reports.
+                if let Ok(Some((plan, (decision, ratelimit)))) = live {
+                    return answer(
+                        &mut self.inner,
+                        req,
+                        plan,
+                        decision,
+                        ratelimit,
+                        remaining_header,
+                        cost,
+                    );
+                }
+            }
+        }
         let Some(plan) = shared.plans.as_ref().and_then(|p| p.resolve(&key)) else {
             return ResponseFuture::ready(key_problem(shared.unknown_key, "unknown client key"));
         };
-        let cost = (shared.cost)(&info);
         if cost == 0 {
             return ResponseFuture {
                 state: State::Calling {
@@ -943,51 +1037,24 @@ where
             .in_process_bucket(key.as_bytes(), plan.configuration());
         match &in_process {
             Ok(Some(bucket)) => {
-                let remaining_header = shared.remaining_header;
                 let result = bucket.try_consume_with(cost, |v| {
                     if !same_config(v.configuration, plan.configuration()) {
                         return InProcess::stale(&v, cost);
                     }
-                    let ratelimit = headers::ratelimit_header(&plan, v.state, v.now_nanos, cost);
-                    // Allowed without `X-Rate-Limit-Remaining`: nothing else to compute
-                    // (`remaining` is then not read).
-                    let decision = if v.value && !remaining_header {
-                        Decision {
-                            consumed: true,
-                            remaining: 0,
-                            wait: 0,
-                        }
-                    } else {
-                        Decision::of_try_consume(
-                            v.value,
-                            v.configuration,
-                            v.state,
-                            v.now_nanos,
-                            cost,
-                        )
-                    };
+                    let (decision, ratelimit) = decide(&plan, &v, cost, remaining_header);
                     InProcess::Current(decision, ratelimit)
                 });
                 let result = match result {
-                    // The common outcome, built in place (no intermediate state to move).
-                    Ok(InProcess::Current(decision, ratelimit)) if decision.consumed => {
-                        return ResponseFuture {
-                            state: State::Calling {
-                                fut: self.inner.call(req),
-                                headers: Some(RateHeaders::of(
-                                    &plan,
-                                    ratelimit,
-                                    remaining_header,
-                                    &decision,
-                                )),
-                            },
-                        };
-                    }
-                    // Refused: the layer answers (429, or 500 for a cost beyond the plan).
                     Ok(InProcess::Current(decision, ratelimit)) => {
-                        let headers =
-                            RateHeaders::of(&plan, ratelimit, remaining_header, &decision);
-                        return ResponseFuture::ready(refusal(&plan, &decision, headers, cost));
+                        return answer(
+                            &mut self.inner,
+                            req,
+                            &plan,
+                            decision,
+                            ratelimit,
+                            remaining_header,
+                            cost,
+                        );
                     }
                     Ok(InProcess::Stale(v)) => Ok(v),
                     Err(e) => Err(e),
@@ -1018,6 +1085,60 @@ where
             ),
         }
     }
+}
+
+/// What the response needs from a bucket that answered `try_consume(cost)` under `plan`'s
+/// configuration, computed while the record is lent: the decision and the `RateLimit`
+/// value.
+#[inline(always)]
+fn decide(
+    plan: &Plan,
+    v: &VerboseRef<'_, bool>,
+    cost: u64,
+    remaining_header: bool,
+) -> (Decision, Option<HeaderValue>) {
+    let ratelimit = headers::ratelimit_header(plan, v.state, v.now_nanos, cost);
+    // Allowed without `X-Rate-Limit-Remaining`: nothing else to compute (`remaining` is
+    // then not read).
+    let decision = if v.value && !remaining_header {
+        Decision {
+            consumed: true,
+            remaining: 0,
+            wait: 0,
+        }
+    } else {
+        Decision::of_try_consume(v.value, v.configuration, v.state, v.now_nanos, cost)
+    };
+    (decision, ratelimit)
+}
+
+/// The in-process decision answered: the allowed request's response future built in place
+/// (no intermediate state to move), or the layer's refusal (429, or 500 for a cost beyond
+/// the plan).
+#[inline(always)]
+fn answer<S, ReqBody, ResBody, B>(
+    inner: &mut S,
+    req: Request<ReqBody>,
+    plan: &Plan,
+    decision: Decision,
+    ratelimit: Option<HeaderValue>,
+    remaining_header: bool,
+    cost: u64,
+) -> ResponseFuture<S, ReqBody, B>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: From<Bytes>,
+{
+    let headers = RateHeaders::of(plan, ratelimit, remaining_header, &decision);
+    if decision.consumed {
+        return ResponseFuture {
+            state: State::Calling {
+                fut: inner.call(req),
+                headers: Some(headers),
+            },
+        };
+    }
+    ResponseFuture::ready(refusal(plan, &decision, headers, cost))
 }
 
 /// The state of a request on a backend that does not run transactions synchronously
@@ -1108,6 +1229,55 @@ mod tests {
     use bucket4rs_core::Bandwidth;
     use bucket4rs_core::ops::TryConsumeAndReturnRemaining;
     use core::time::Duration;
+
+    /// Fixed plans are used only when each plan's configuration tells it apart (its own
+    /// allocation; equal contents are fine), there are at most 16, and the resolver says
+    /// its answers are fixed; a bucket's configuration maps back to its own plan.
+    #[test]
+    fn fixed_plans_need_a_configuration_of_their_own() {
+        let config = configs().remove(0);
+        let equal = BucketConfiguration::new(config.bandwidths().to_vec()).unwrap();
+        let a = Plan::new("a", config.clone());
+        let b = Plan::new("b", equal);
+        // A resolver answering `fixed_plans` with the given plans.
+        struct Fixed(Vec<Plan>);
+        impl PlanResolver for Fixed {
+            fn resolve(&self, _: &str) -> Option<Plan> {
+                self.0.first().cloned()
+            }
+            fn fixed_plans(&self) -> Option<Vec<Plan>> {
+                Some(self.0.clone())
+            }
+        }
+        let both = FixedPlans::of(&Fixed(vec![a.clone(), b.clone()])).expect("told apart");
+        assert_eq!(both.plan_of(a.configuration()), Some(&a));
+        assert_eq!(both.plan_of(b.configuration()).map(Plan::name), Some("b"));
+        assert_eq!(
+            both.plan_of(&config),
+            Some(&a),
+            "a clone is the same configuration"
+        );
+        let unknown = BucketConfiguration::new(config.bandwidths().to_vec()).unwrap();
+        assert_eq!(
+            both.plan_of(&unknown),
+            None,
+            "equal, but not one of the plans'"
+        );
+
+        let shared = Plan::new("shared", config.clone());
+        assert!(FixedPlans::of(&Fixed(vec![a.clone(), shared])).is_none());
+        assert!(FixedPlans::of(&Fixed(Vec::new())).is_none());
+        let many: Vec<Plan> = (0..=MAX_FIXED_PLANS)
+            .map(|i| {
+                let c = BucketConfiguration::new(config.bandwidths().to_vec()).unwrap();
+                Plan::new(i.to_string(), c)
+            })
+            .collect();
+        assert!(FixedPlans::of(&Fixed(many[1..].to_vec())).is_some());
+        assert!(FixedPlans::of(&Fixed(many)).is_none());
+        let closure = move |_: &str| Some(a.clone());
+        assert!(FixedPlans::of(&closure).is_none());
+    }
 
     /// The default store's clock counts epoch nanoseconds (what TTLs and aligned refills
     /// assume) and never goes back between operations.

@@ -198,11 +198,43 @@ pub(crate) fn single(b: bucket4rs_core::Bandwidth) -> BucketConfiguration {
 pub trait PlanResolver: Send + Sync + 'static {
     /// The plan of `key`.
     fn resolve(&self, key: &str) -> Option<Plan>;
+
+    /// Every plan `resolve` can answer, when its answer for each key is fixed for the
+    /// resolver's life; `None` (the default) when it may change, as a closure reading a
+    /// database's current plan of a customer would.
+    ///
+    /// With `Some` and a store that consumes in place (the embedded default), the layer
+    /// looks a client key up once per request instead of twice: it consumes from the key's
+    /// live bucket first and reads the plan off the bucket's configuration (each plan's
+    /// own, compared by identity), and calls `resolve` only for a key without a live
+    /// bucket. So a key that has a live bucket holding one of these plans' configurations
+    /// is answered under that plan. The layer keeps the ordinary path when there are more
+    /// than 16 plans or two plans share one configuration. [`Plan`] and
+    /// [`PlanTable`](crate::PlanTable) answer `Some`.
+    ///
+    /// ```
+    /// use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// use bucket4rs_tower::{Plan, PlanResolver};
+    /// use std::time::Duration;
+    /// let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// let basic = Plan::new("basic", c);
+    /// assert_eq!(basic.fixed_plans(), Some(vec![basic.clone()]));
+    /// let changing = move |_: &str| Some(basic.clone());
+    /// assert_eq!(changing.fixed_plans(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn fixed_plans(&self) -> Option<Vec<Plan>> {
+        None
+    }
 }
 
 impl PlanResolver for Plan {
     fn resolve(&self, _key: &str) -> Option<Plan> {
         Some(self.clone())
+    }
+
+    fn fixed_plans(&self) -> Option<Vec<Plan>> {
+        Some(vec![self.clone()])
     }
 }
 

@@ -7,10 +7,11 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bucket4rs_core::{BucketState, Clock, ManualClock};
+use bucket4rs_core::{BucketConfiguration, BucketState, Clock, ManualClock};
 use bucket4rs_distributed::{
     Backend, BackendError, DistributedError, EmbeddedBackend, InProcessBucket, KeyError,
-    ProxyManager, StorageKey, StorageKeyRef, TimeSource, Transaction, Verbose, Write, format,
+    ProxyManager, StorageKey, StorageKeyRef, TimeSource, Transaction, Verbose, VerboseRef, Write,
+    format,
 };
 use rand::Rng;
 
@@ -326,4 +327,120 @@ fn the_stored_configuration_rules_as_with_a_supplier() {
     assert!(!v.value);
     assert_eq!(v.configuration, small);
     assert_eq!(m.backend().len(), 1);
+}
+
+/// `try_consume_live_with` runs only on a live bucket of the in-place path whose
+/// configuration `select` accepts: nothing for an absent or expired key, a declined
+/// configuration, another backend or a client clock, and a typed error (nothing changed)
+/// for a bad argument or key.
+#[test]
+fn the_live_path_runs_only_on_a_live_bucket() {
+    let clock = ManualClock::new(0);
+    // The backend's clock (the default time source), no TTL margin.
+    let m = ProxyManager::configure(EmbeddedBackend::with_clock(clock.clone()))
+        .ttl_margin(Duration::ZERO)
+        .build()
+        .unwrap();
+    assert!(m.runs_in_place());
+    let config = crate::common::simple(3, Duration::from_secs(3));
+    let any = |_: &BucketConfiguration| Some(());
+    let tokens = |v: VerboseRef<'_, bool>| v.state.bandwidths()[0].tokens();
+    let mut called = 0;
+    assert_eq!(
+        m.try_consume_live_with("k", 1, any, |(), _| called += 1)
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        (called, m.backend().len()),
+        (0, 0),
+        "an absent key is not created"
+    );
+
+    m.in_process_bucket("k", &config)
+        .unwrap()
+        .unwrap()
+        .try_consume(1)
+        .unwrap();
+    // `select` sees the stored configuration, and its answer reaches `f`.
+    let seen = m
+        .try_consume_live_with(
+            "k",
+            2,
+            |c| Some(c.bandwidths()[0].capacity()),
+            |capacity, v| (capacity, v.value, tokens(v)),
+        )
+        .unwrap();
+    assert_eq!(seen, Some((3, true, 0)));
+    let seen = m
+        .try_consume_live_with("k", 1, any, |(), v| v.value)
+        .unwrap();
+    assert_eq!(seen, Some(false));
+
+    // Declined, and bad input (a typed error): the bucket unchanged.
+    clock.advance_nanos(1_000_000_000);
+    assert_eq!(
+        m.try_consume_live_with("k", 1, |_| None::<()>, |_, _| unreachable!())
+            .unwrap(),
+        None
+    );
+    assert!(matches!(
+        m.try_consume_live_with("k", 0, any, |_, _| unreachable!()),
+        Err(DistributedError::Operation(_))
+    ));
+    let long = "x".repeat(600);
+    assert!(matches!(
+        m.try_consume_live_with(&long, 1, any, |_, _| unreachable!()),
+        Err(DistributedError::Key(KeyError::TooLong { .. }))
+    ));
+    let seen = m
+        .try_consume_live_with("k", 1, any, |(), v| tokens(v))
+        .unwrap();
+    assert_eq!(
+        seen,
+        Some(0),
+        "the token refilled in 1 s is still there, and taken"
+    );
+
+    // Full again after 3 s and expired (no TTL margin): the key is gone for this path.
+    clock.advance_nanos(3_000_000_001);
+    assert_eq!(
+        m.try_consume_live_with("k", 1, any, |_, _| unreachable!())
+            .unwrap(),
+        None
+    );
+
+    // Another backend (no in-place path), and a client clock, with live buckets.
+    let other = ProxyManager::new(MapBackend::default());
+    let supplied = config.clone();
+    let bucket = other
+        .builder()
+        .build("k", move || supplied.clone())
+        .unwrap();
+    assert!(runtime().block_on(bucket.try_consume(1)).unwrap());
+    assert!(!other.runs_in_place());
+    assert_eq!(
+        other
+            .try_consume_live_with("k", 1, any, |_, _| unreachable!())
+            .unwrap(),
+        None
+    );
+    let client = manager(
+        EmbeddedBackend::with_clock(clock.clone()),
+        &clock,
+        Duration::ZERO,
+    );
+    client
+        .in_process_bucket("k", &config)
+        .unwrap()
+        .unwrap()
+        .try_consume(1)
+        .unwrap();
+    assert!(!client.runs_in_place());
+    assert_eq!(
+        client
+            .try_consume_live_with("k", 1, any, |_, _| unreachable!())
+            .unwrap(),
+        None
+    );
 }

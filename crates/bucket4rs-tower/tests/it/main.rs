@@ -9,7 +9,7 @@ use bucket4rs_distributed::{
     Backend, BackendClock, BackendError, BackendErrorKind, EmbeddedBackend, FailurePolicy,
     ProxyManager, StorageKey, Transaction,
 };
-use bucket4rs_tower::{KeyExtractor, Plan, PlanTable, RateLimitLayer};
+use bucket4rs_tower::{KeyExtractor, Plan, PlanResolver, PlanTable, RateLimitLayer};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
@@ -627,4 +627,172 @@ fn plans_file_errors_name_the_field() {
         plan.policy_header(),
         r#""0";q=20;w=60, "1";q=1000;w=86400, "burst";q=10;w=60, "hourly";q=500;w=3600, "window";q=60;w=60"#
     );
+}
+
+/// A plan resolver that counts its `resolve` calls, and passes `fixed_plans` on.
+struct Counting<R> {
+    inner: R,
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<R: PlanResolver> PlanResolver for Counting<R> {
+    fn resolve(&self, key: &str) -> Option<Plan> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.resolve(key)
+    }
+    fn fixed_plans(&self) -> Option<Vec<Plan>> {
+        self.inner.fixed_plans()
+    }
+}
+
+fn two_plans() -> PlanTable {
+    PlanTable::from_toml(
+        r#"
+        [plans.free]
+        limits = [{ id = "burst", capacity = 20, refill = 20, period = "1 minute" }]
+        [plans.pro]
+        limits = [{ id = "burst", capacity = 200, refill = 200, period = "1 minute" }]
+        [keys]
+        f = "free"
+        p = "pro"
+        "#,
+    )
+    .unwrap()
+}
+
+/// With fixed plans (a plans file) a key is resolved only when it has no live bucket: its
+/// plan is read off the bucket's configuration, with the same answers as resolving it.
+#[tokio::test]
+async fn a_known_client_of_fixed_plans_is_resolved_once() {
+    let (clock, manager) = manual();
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = || calls.load(std::sync::atomic::Ordering::SeqCst);
+    let layer = RateLimitLayer::builder()
+        .backend(manager)
+        .plans(Counting {
+            inner: two_plans(),
+            calls: calls.clone(),
+        })
+        .cost(|r| match r.uri().path() {
+            "/search" => 50,
+            "/export" => u64::MAX,
+            _ => 1,
+        })
+        .build();
+    let svc = layer.clone().layer(hello());
+    for i in 1..=25u64 {
+        let r = call(&svc, req(Some("f"), "/books/1")).await;
+        if i <= 20 {
+            assert_eq!(r.status(), StatusCode::OK, "request {i}");
+            assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=20;w=60"#);
+            let t = if i == 20 { 3 } else { 0 };
+            assert_eq!(
+                r.headers()["ratelimit"].to_str().unwrap(),
+                format!(r#""burst";r={};t={t}"#, 20 - i)
+            );
+        } else {
+            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "request {i}");
+            assert_eq!(r.headers()["retry-after"], "3");
+            assert_eq!(body_json(&r)["plan"], "free");
+        }
+    }
+    assert_eq!(count(), 1, "resolved for the bucket's creation only");
+
+    // Each plan is read off its own bucket, with its own capacity for the cost check.
+    for _ in 0..3 {
+        call(&svc, req(Some("p"), "/books/1")).await;
+    }
+    let r = call(&svc, req(Some("p"), "/search")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["ratelimit"], r#""burst";r=147;t=0"#);
+    assert_eq!(count(), 2);
+
+    // A cost beyond the key's plan is answered from the plan, the bucket untouched.
+    clock.advance(Duration::from_secs(3));
+    let r = call(&svc, req(Some("f"), "/search")).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body_json(&r)["capacity"], 20);
+    let r = call(&svc, req(Some("p"), "/export")).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(count(), 4);
+    let r = call(&svc, req(Some("f"), "/books/1")).await;
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "the token refilled in 3 s is there"
+    );
+    assert_eq!(r.headers()["ratelimit"], r#""burst";r=0;t=3"#);
+
+    // An unknown key is resolved (and refused) each time; no bucket is made for it.
+    for _ in 0..2 {
+        let r = call(&svc, req(Some("u"), "/books/1")).await;
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(count(), 6);
+    assert_eq!(layer.manager().backend().len(), 2);
+
+    // Once a bucket has expired (full again, past the TTL margin), the key is resolved
+    // again, and gets a fresh bucket of its plan.
+    clock.advance(Duration::from_secs(3_600));
+    let r = call(&svc, req(Some("f"), "/books/1")).await;
+    assert_eq!(r.headers()["ratelimit"], r#""burst";r=19;t=0"#);
+    assert_eq!(count(), 7);
+
+    // A resolver whose answers may change (a closure) is asked on every request.
+    let (_clock, manager) = manual();
+    let table = two_plans();
+    let changing = Counting {
+        inner: move |key: &str| table.resolve(key),
+        calls: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+    };
+    let calls = changing.calls.clone();
+    let svc = RateLimitLayer::builder()
+        .backend(manager)
+        .plans(changing)
+        .build()
+        .layer(hello());
+    for _ in 0..3 {
+        call(&svc, req(Some("f"), "/books/1")).await;
+    }
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+/// With fixed plans, a key whose live bucket holds a configuration none of the plans has
+/// (made by another user of the store) is left to the resolving path, which answers from
+/// the stored bucket and switches it to the key's plan, as for a changed plan.
+#[tokio::test]
+async fn a_bucket_under_another_configuration_is_switched_to_the_plan() {
+    let (_clock, manager) = manual();
+    let other = BucketConfiguration::builder()
+        .add_limit(bw("burst", 2, Duration::from_secs(60)))
+        .build()
+        .unwrap();
+    let b = manager.in_process_bucket("f", &other).unwrap().unwrap();
+    assert!(b.try_consume(1).unwrap().value);
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let layer = RateLimitLayer::builder()
+        .backend(manager.clone())
+        .plans(Counting {
+            inner: two_plans(),
+            calls: calls.clone(),
+        })
+        .build();
+    let svc = layer.layer(hello());
+    let r = call(&svc, req(Some("f"), "/books/1")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    // Decided by the stored bucket (its last token), reported under its own policy.
+    assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=2;w=60"#);
+    assert_eq!(r.headers()["ratelimit"], r#""burst";r=0;t=30"#);
+    let stored = manager.configuration("f").await.unwrap().unwrap();
+    assert_eq!(
+        stored.bandwidths()[0].capacity(),
+        20,
+        "switched to the free plan"
+    );
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // From then on, the free plan's bucket (no tokens kept) is read without resolving.
+    let r = call(&svc, req(Some("f"), "/books/1")).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=20;w=60"#);
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
