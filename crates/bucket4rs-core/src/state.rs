@@ -638,10 +638,12 @@ impl BucketState {
         now: i64,
         op: &O,
     ) -> Result<O::Output, OperationError> {
-        if config.bandwidths().len() != self.bandwidths.len() {
+        // The slice once: each access through the `SmallVec` tests where it is stored.
+        let bandwidths: &mut [BandwidthState] = &mut self.bandwidths;
+        if config.bandwidths().len() != bandwidths.len() {
             return Err(OperationError::StateMismatch);
         }
-        let cells = core::cell::Cell::from_mut(&mut self.bandwidths[..]).as_slice_of_cells();
+        let cells = core::cell::Cell::from_mut(bandwidths).as_slice_of_cells();
         ops::execute(op, config, now, |i| cells[i].get(), |i, s| cells[i].set(s))
     }
 
@@ -710,7 +712,7 @@ impl BucketState {
         if config.bandwidths().len() != self.bandwidths.len() {
             return Err(OperationError::StateMismatch);
         }
-        let b = &self.bandwidths;
+        let b: &[BandwidthState] = &self.bandwidths;
         ops::execute(
             &ops::EstimateAbilityToConsume(tokens),
             config,
@@ -817,7 +819,7 @@ impl BucketState {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn available_tokens(&self, config: &BucketConfiguration, now: i64) -> i64 {
-        let b = &self.bandwidths;
+        let b: &[BandwidthState] = &self.bandwidths;
         ops::Refilled::new(config, now, |i| b.get(i).copied().unwrap_or_default()).available()
     }
 
@@ -903,7 +905,7 @@ impl BucketState {
         strategy: TokensInheritanceStrategy,
         wall_clock_based: bool,
     ) -> Result<BucketState, ConfigError> {
-        let b = &self.bandwidths;
+        let b: &[BandwidthState] = &self.bandwidths;
         replace::replace(
             old,
             |i| b.get(i).copied().unwrap_or_default(),
