@@ -20,8 +20,6 @@
 //! target/release/examples/governor_peer --addr 127.0.0.1:18089
 //! ```
 
-use std::net::SocketAddr;
-
 use axum::http::Request;
 use tower::Layer as _;
 use tower_governor::GovernorError;
@@ -49,22 +47,8 @@ impl KeyExtractor for ApiKey {
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let mut addr: SocketAddr = ([127, 0, 0, 1], 18089).into();
-    while let Some(a) = args.next() {
-        match (a.as_str(), args.next()) {
-            ("--addr", Some(v)) => {
-                addr = v
-                    .parse()
-                    .map_err(|e| std::io::Error::other(format!("--addr {v}: {e}")))?;
-            }
-            _ => {
-                return Err(std::io::Error::other(
-                    "usage: governor_peer [--addr HOST:PORT]",
-                ));
-            }
-        }
-    }
+    let addr = bookshelf::parse_addr_only(std::env::args().skip(1), ([127, 0, 0, 1], 18089).into())
+        .map_err(std::io::Error::other)?;
     let config = GovernorConfigBuilder::default()
         .per_nanosecond(1)
         .burst_size(1_000_000_000)

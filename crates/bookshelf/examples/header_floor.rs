@@ -18,7 +18,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -81,22 +80,8 @@ impl Service<Request> for Floor {
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let mut addr: SocketAddr = ([127, 0, 0, 1], 18083).into();
-    while let Some(a) = args.next() {
-        match (a.as_str(), args.next()) {
-            ("--addr", Some(v)) => {
-                addr = v
-                    .parse()
-                    .map_err(|e| std::io::Error::other(format!("--addr {v}: {e}")))?;
-            }
-            _ => {
-                return Err(std::io::Error::other(
-                    "usage: header_floor [--addr HOST:PORT]",
-                ));
-            }
-        }
-    }
+    let addr = bookshelf::parse_addr_only(std::env::args().skip(1), ([127, 0, 0, 1], 18083).into())
+        .map_err(std::io::Error::other)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!(
         "header floor listening on http://{}",
