@@ -555,8 +555,9 @@ impl BucketState {
     /// assert_eq!(s.bandwidths().len(), 1);
     /// ```
     pub fn from_bandwidths(bandwidths: Vec<BandwidthState>) -> Self {
+        // Inline when it fits, otherwise the vector's own allocation is kept.
         Self {
-            bandwidths: bandwidths.into_iter().collect(),
+            bandwidths: SmallVec::from_vec(bandwidths),
         }
     }
 

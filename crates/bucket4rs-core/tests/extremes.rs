@@ -616,6 +616,28 @@ fn serde_round_trip_keeps_every_kind_and_state() {
     assert_eq!(serde_json::from_str::<BucketState>(&json).unwrap(), state);
 }
 
+/// A one-bandwidth state is held inline: `BucketState` is 32 bytes (the changelog's figure;
+/// a keyed store's entry embeds it), and holds one bandwidth without spilling to the heap
+/// (its `bandwidths()` slice then points into the value itself).
+#[test]
+fn a_one_bandwidth_state_is_inline() {
+    assert_eq!(core::mem::size_of::<BucketState>(), 32);
+    let one = BucketState::from_bandwidths(vec![BandwidthState::from_parts(1, 2, 3)]);
+    let start = core::ptr::from_ref(&one).cast::<u8>() as usize;
+    let at = one.bandwidths().as_ptr().cast::<u8>() as usize;
+    assert!(
+        (start..start + 32).contains(&at),
+        "one bandwidth's state is on the heap"
+    );
+    let two = BucketState::from_bandwidths(vec![BandwidthState::from_parts(1, 2, 3); 2]);
+    let start = core::ptr::from_ref(&two).cast::<u8>() as usize;
+    let at = two.bandwidths().as_ptr().cast::<u8>() as usize;
+    assert!(
+        !(start..start + 32).contains(&at),
+        "two bandwidths' states cannot be inline"
+    );
+}
+
 /// A state is serialized as a plain sequence of its bandwidths, whether it holds them inline
 /// (up to two) or on the heap: the format does not depend on how many there are.
 #[cfg(feature = "serde")]

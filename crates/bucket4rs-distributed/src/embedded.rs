@@ -146,9 +146,10 @@ fn expiry(at: i64, ttl: Option<Duration>) -> i64 {
 ///
 /// Up to [`INLINE_KEY`] bytes are kept in the map's entry itself, beside the record (whose
 /// state is inline too for a one-bandwidth bucket, see `BucketState`): a live key's lookup
-/// then reads the entry (104 bytes) and no other allocation. With many clients each lookup reads its key's data cold, and the lines
-/// it reads are what a request costs (docs/http-overhead.md, "Both at once"). Longer keys
-/// are kept on the heap.
+/// then reads the entry (104 bytes, `tests::an_entry_is_104_bytes`) and no other
+/// allocation. With many clients each lookup reads its key's data cold, and the lines it
+/// reads are what a request costs (docs/http-overhead.md, "Both at once"). Longer keys are
+/// kept on the heap.
 #[derive(PartialEq, Eq)]
 struct MapKey(SmallVec<[u8; INLINE_KEY]>);
 
@@ -533,5 +534,20 @@ impl Backend for EmbeddedBackend {
         } else {
             BackendClock::Monotonic
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The entry's size is part of what many clients cost (the lines a lookup reads) and of
+    /// the memory per key: a change to `MapKey`, `Slot` or `Record` that grows it should be
+    /// a decision, with the figures of docs/http-overhead.md ("Both at once") measured again.
+    #[test]
+    fn an_entry_is_104_bytes() {
+        assert_eq!(
+            core::mem::size_of::<(super::MapKey, super::Slot)>(),
+            104,
+            "the embedded map's entry changed size"
+        );
     }
 }
