@@ -439,6 +439,7 @@ pub(crate) async fn join_in_order<T>(
 /// (a timeout after its request was sent): after each failure, once the server answers and
 /// any request still in flight has landed, the stored tokens say whether it did. In the
 /// end every token is either granted or taken by such a call, and none twice.
+#[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) async fn drain_after_restart<B, F, Fut>(
     b: &RemoteBucket<B>,
     capacity: u64,
