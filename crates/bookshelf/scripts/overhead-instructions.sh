@@ -10,7 +10,8 @@
 # (bench plan, never exhausted), the same binary with `--no-limit`, and the header floor
 # (examples/header_floor.rs: the key read and the two headers with constant values, no
 # rate limiting), and, when built, examples/governor_peer.rs (PEER=: the same routes behind
-# tower_governor, the closest Rust peer). `wrk` warms it up, the counters are zeroed, `wrk` drives it for
+# tower_governor, the closest Rust peer; or another server taking `--addr`, such as
+# examples/limiter_floor.rs, the bare limiter). `wrk` warms it up, the counters are zeroed, `wrk` drives it for
 # $DURATION, and the instructions executed since are divided by the requests `wrk` counted.
 # Kernel time is not counted, and under valgrind `FastClock` reads the clock through
 # `clock_gettime` (about 90 instructions more per request than natively). The counts repeat
@@ -126,12 +127,12 @@ PEERI=0 NP=0 PE_EV=
 [ -z "$PEER" ] || read -r PEERI NP PE_EV < <(measure peer 18093 "$PEER")
 
 echo "user-space instructions per request (requests counted: $NW, $NL, $NF${PEER:+, $NP}):"
-awk -v w="$WITH" -v o="$WITHOUT" -v f="$FLOORI" -v p="$PEERI" 'BEGIN {
+awk -v w="$WITH" -v o="$WITHOUT" -v f="$FLOORI" -v p="$PEERI" -v pn="$(basename "${PEER:-peer}")" 'BEGIN {
     printf "  without the layer (--no-limit): %d\n", o
     printf "  with the layer:                 %d  (+%d, +%.1f %%)\n", w, w - o, (w - o) / o * 100
     printf "  header floor:                   %d  (+%d, +%.1f %%)\n", f, f - o, (f - o) / o * 100
     printf "  the layer beyond the floor:     %d\n", w - f
-    if (p > 0) printf "  tower_governor (peer):          %d  (+%d, +%.1f %%)\n", p, p - o, (p - o) / o * 100
+    if (p > 0) printf "  %-32s%d  (+%d, +%.1f %%)\n", "peer (" pn "):", p, p - o, (p - o) / o * 100
 }'
 if [ -n "${TOP:-}" ]; then
     ev=${TOP_EVENT:-$([ -n "$CACHE_SIM" ] && echo DLmr || echo Ir)}

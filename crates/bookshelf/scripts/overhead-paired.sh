@@ -17,7 +17,9 @@
 #   base   BASELINE_BINARY with the layer (e.g. an older build), if given
 #   peer   examples/governor_peer (PEER=, default under the target directory), when built:
 #          the same routes behind tower_governor, the closest Rust peer, for a side-by-side
-#          figure (cargo build --release -p bookshelf --example governor_peer)
+#          figure (cargo build --release -p bookshelf --example governor_peer); or any
+#          server of the same routes taking `--addr`, such as examples/limiter_floor.rs
+#          (the bare limiter: the floor plus a bucket per key, nothing else)
 #   a/a    `--no-limit` against itself: the method's own bias and spread
 # Prints every round, then the median and quartiles of each pair's loss (and, with a
 # baseline or the peer, of the per-round difference between it and this build).
