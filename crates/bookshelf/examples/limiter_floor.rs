@@ -10,6 +10,12 @@
 //! value reused from the thread's previous request when the tokens left are the same. A
 //! refused request gets a bare 429.
 //!
+//! With `LIMITER_FLOOR_STORE=minimal` in its environment, each key's bucket is instead two
+//! integers in the map's entry (tokens and the instant of the last refill), refilled
+//! greedily by a few lines of integer arithmetic under the map's shard lock: the least a
+//! token bucket can be, with none of `bucket4rs-local`'s generality (several bandwidths,
+//! exact refill of any period, listeners, strategies).
+//!
 //! It is not a product: it exists only so that the overhead scripts can run it as their
 //! `peer` side (`PEER=…/limiter_floor`), which gives the cost of this minimum beside the
 //! layer's in the same rounds (docs/http-overhead.md, "How close a bare limiter gets").
@@ -17,6 +23,7 @@
 //! ```text
 //! cargo build --release -p bookshelf --example limiter_floor
 //! PEER=target/release/examples/limiter_floor crates/bookshelf/scripts/overhead-paired.sh 24
+//! LIMITER_FLOOR_STORE=minimal PEER=target/release/examples/limiter_floor crates/bookshelf/scripts/overhead-paired.sh 24
 //! ```
 
 use std::cell::RefCell;
@@ -32,7 +39,7 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::Router;
 use axum::routing::future::RouteFuture;
-use bucket4rs_local::{Bucket, LockFreeBucket};
+use bucket4rs_local::{Bucket, Clock, FastClock, LockFreeBucket};
 use dashmap::DashMap;
 use tower::Service;
 
@@ -42,13 +49,91 @@ static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 // The bench plan's policy, as the layer sends it.
 const POLICY_VALUE: &str = "\"bench\";q=1000000000000;w=1000";
 
-type Buckets = DashMap<Box<str>, LockFreeBucket, foldhash::fast::RandomState>;
+const CAPACITY: u64 = 1_000_000_000_000;
+const REFILL_PER_SECOND: u64 = 1_000_000_000;
+
+/// Where the keys' buckets are: takes `cost` tokens from `key`'s bucket (created full on
+/// first sight) and answers the tokens left, or `None` when it holds fewer.
+trait Store: Send + Sync + 'static {
+    fn take(&self, key: &str, cost: u64) -> Option<u64>;
+    /// The keys it holds (for the tests).
+    #[cfg(test)]
+    fn len(&self) -> usize;
+}
+
+type Map<V> = DashMap<Box<str>, V, foldhash::fast::RandomState>;
+
+fn new_map<V>() -> Map<V> {
+    DashMap::with_hasher(foldhash::fast::RandomState::default())
+}
+
+/// A `bucket4rs-local` lock-free bucket per key.
+struct LocalBuckets(Map<LockFreeBucket>);
+
+impl Store for LocalBuckets {
+    fn take(&self, key: &str, cost: u64) -> Option<u64> {
+        let probe = match self.0.get(key) {
+            Some(b) => b.try_consume_and_return_remaining(cost),
+            None => self
+                .0
+                .entry(key.into())
+                .or_insert_with(new_bucket)
+                .try_consume_and_return_remaining(cost),
+        };
+        probe
+            .ok()
+            .filter(|p| p.is_consumed())
+            .map(|p| p.remaining_tokens())
+    }
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Two integers per key, in the map's entry (`LIMITER_FLOOR_STORE=minimal`).
+struct Minimal {
+    map: Map<(u64, i64)>,
+    clock: FastClock,
+}
+
+impl Store for Minimal {
+    fn take(&self, key: &str, cost: u64) -> Option<u64> {
+        let now = self.clock.now_nanos();
+        let mut entry = match self.map.get_mut(key) {
+            Some(e) => e,
+            None => self.map.entry(key.into()).or_insert((CAPACITY, now)),
+        };
+        let (tokens, last) = &mut *entry;
+        // Greedy refill of everything since the last one (none if the clock went back).
+        let elapsed = u128::try_from(now.saturating_sub(*last)).unwrap_or(0);
+        let refill = elapsed * u128::from(REFILL_PER_SECOND) / 1_000_000_000;
+        let full = (u128::from(*tokens) + refill).min(u128::from(CAPACITY));
+        *tokens = u64::try_from(full).unwrap_or(CAPACITY);
+        *last = now.max(*last);
+        let left = tokens.checked_sub(cost)?;
+        *tokens = left;
+        Some(left)
+    }
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
 
 /// The routes behind the bare limiter.
-#[derive(Clone)]
-struct Bare {
+struct Bare<S> {
     routes: Router,
-    buckets: Arc<Buckets>,
+    buckets: Arc<S>,
+}
+
+impl<S> Clone for Bare<S> {
+    fn clone(&self) -> Self {
+        Self {
+            routes: self.routes.clone(),
+            buckets: Arc::clone(&self.buckets),
+        }
+    }
 }
 
 /// The routes' future, whose response gets the two headers; or the limiter's own answer.
@@ -116,14 +201,14 @@ fn ratelimit_value(remaining: u64) -> Option<HeaderValue> {
 fn new_bucket() -> LockFreeBucket {
     Bucket::builder()
         .add_limit(|l| {
-            l.capacity(1_000_000_000_000)
-                .refill_greedy(1_000_000_000, Duration::from_secs(1))
+            l.capacity(CAPACITY)
+                .refill_greedy(REFILL_PER_SECOND, Duration::from_secs(1))
         })
         .build()
         .expect("a valid bandwidth")
 }
 
-impl Service<Request> for Bare {
+impl<S: Store> Service<Request> for Bare<S> {
     type Response = Response;
     type Error = Infallible;
     type Future = BareFuture;
@@ -146,20 +231,12 @@ impl Service<Request> for Bare {
         } else {
             1
         };
-        let probe = match self.buckets.get(key) {
-            Some(b) => b.try_consume_and_return_remaining(cost),
-            None => self
-                .buckets
-                .entry(key.into())
-                .or_insert_with(new_bucket)
-                .try_consume_and_return_remaining(cost),
-        };
-        match probe {
-            Ok(p) if p.is_consumed() => {
-                let value = ratelimit_value(p.remaining_tokens());
+        match self.buckets.take(key, cost) {
+            Some(left) => {
+                let value = ratelimit_value(left);
                 BareFuture::Allowed(self.routes.call(req), value)
             }
-            _ => BareFuture::Answer(Some(StatusCode::TOO_MANY_REQUESTS.into_response())),
+            None => BareFuture::Answer(Some(StatusCode::TOO_MANY_REQUESTS.into_response())),
         }
     }
 }
@@ -168,16 +245,33 @@ impl Service<Request> for Bare {
 async fn main() -> std::io::Result<()> {
     let addr = bookshelf::parse_addr_only(std::env::args().skip(1), ([127, 0, 0, 1], 18094).into())
         .map_err(std::io::Error::other)?;
+    let minimal = match std::env::var("LIMITER_FLOOR_STORE").as_deref() {
+        Ok("minimal") => true,
+        Ok("local") | Err(_) => false,
+        Ok(other) => {
+            return Err(std::io::Error::other(format!(
+                "LIMITER_FLOOR_STORE={other:?}: expected `local` (the default) or `minimal`"
+            )));
+        }
+    };
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!(
-        "bare limiter listening on http://{}",
+        "bare limiter ({}) listening on http://{}",
+        if minimal { "minimal" } else { "local" },
         listener.local_addr()?
     );
-    let app = Bare {
-        routes: bookshelf::routes().with_state(()),
-        buckets: Arc::new(DashMap::with_hasher(foldhash::fast::RandomState::default())),
-    };
-    bookshelf::serve(listener, app, bookshelf::shutdown_signal()).await
+    let routes = bookshelf::routes().with_state(());
+    let shutdown = bookshelf::shutdown_signal();
+    if minimal {
+        let buckets = Arc::new(Minimal {
+            map: new_map(),
+            clock: FastClock,
+        });
+        bookshelf::serve(listener, Bare { routes, buckets }, shutdown).await
+    } else {
+        let buckets = Arc::new(LocalBuckets(new_map()));
+        bookshelf::serve(listener, Bare { routes, buckets }, shutdown).await
+    }
 }
 
 #[cfg(test)]
@@ -185,14 +279,14 @@ mod tests {
     use super::*;
     use tower::ServiceExt;
 
-    fn bare() -> Bare {
+    fn bare<S: Store>(buckets: S) -> Bare<S> {
         Bare {
             routes: bookshelf::routes().with_state(()),
-            buckets: Arc::new(DashMap::with_hasher(foldhash::fast::RandomState::default())),
+            buckets: Arc::new(buckets),
         }
     }
 
-    async fn get(app: &Bare, path: &str, key: Option<&str>) -> Response {
+    async fn get<S: Store>(app: &Bare<S>, path: &str, key: Option<&str>) -> Response {
         let mut req = axum::http::Request::get(path);
         if let Some(k) = key {
             req = req.header("x-api-key", k);
@@ -211,7 +305,15 @@ mod tests {
     /// bucket, the tokens left in `RateLimit`, the policy constant; 401 without a key.
     #[tokio::test]
     async fn each_key_pays_its_route_cost_from_its_own_bucket() {
-        let app = bare();
+        each_key_pays(bare(LocalBuckets(new_map()))).await;
+        each_key_pays(bare(Minimal {
+            map: new_map(),
+            clock: FastClock,
+        }))
+        .await;
+    }
+
+    async fn each_key_pays<S: Store>(app: Bare<S>) {
         let first = get(&app, "/books/9781593278281", Some("a")).await;
         assert_eq!(first.status(), StatusCode::OK);
         assert_eq!(header(&first, "ratelimit-policy"), Some(POLICY_VALUE));
@@ -238,6 +340,25 @@ mod tests {
             StatusCode::UNAUTHORIZED
         );
         assert_eq!(app.buckets.len(), 2);
+    }
+
+    /// The minimal bucket refills greedily up to the capacity, and refuses a cost beyond
+    /// what it holds without taking anything.
+    #[test]
+    fn the_minimal_bucket_refills_and_refuses() {
+        let m = Minimal {
+            map: new_map(),
+            clock: FastClock,
+        };
+        assert_eq!(m.take("k", CAPACITY), Some(0));
+        // Emptied: a cost beyond what has refilled since is refused, and takes nothing.
+        assert_eq!(m.take("k", CAPACITY), None);
+        let (tokens, _) = *m.map.get("k").unwrap();
+        assert!(tokens < CAPACITY);
+        // Set the last refill 2,000 s back (twice what fills it): refilled to the capacity,
+        // not beyond.
+        m.map.get_mut("k").unwrap().1 -= 2_000_000_000_000;
+        assert_eq!(m.take("k", 1), Some(CAPACITY - 1));
     }
 
     /// The per-thread memo gives the value of the tokens asked for, not a stale one.
