@@ -106,6 +106,9 @@ impl Store for Minimal {
         };
         let (tokens, last) = &mut *entry;
         // Greedy refill of everything since the last one (none if the clock went back).
+        // Exact at this rate of one token per nanosecond; at other rates it would drop the
+        // fraction of a token at each refill (the core keeps it), which a measuring stub
+        // does not need.
         let elapsed = u128::try_from(now.saturating_sub(*last)).unwrap_or(0);
         let refill = elapsed * u128::from(REFILL_PER_SECOND) / 1_000_000_000;
         let full = (u128::from(*tokens) + refill).min(u128::from(CAPACITY));
