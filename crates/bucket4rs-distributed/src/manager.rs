@@ -592,8 +592,18 @@ impl<B: Backend> ProxyManager<B> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn runs_in_place(&self) -> bool {
-        self.inner.time.0.is_none()
-            && (&self.inner.backend as &dyn core::any::Any).is::<EmbeddedBackend>()
+        self.in_place_backend().is_some()
+    }
+
+    /// The backend, when consumptions run in place on it: an [`EmbeddedBackend`] at its
+    /// own clock. The one test behind both [`runs_in_place`](Self::runs_in_place) and
+    /// [`in_place`](Self::in_place), so that what the first promises the second does.
+    #[inline]
+    fn in_place_backend(&self) -> Option<&EmbeddedBackend> {
+        if self.inner.time.0.is_some() {
+            return None;
+        }
+        (&self.inner.backend as &dyn core::any::Any).downcast_ref::<EmbeddedBackend>()
     }
 
     /// [`InProcessBucket::try_consume_with`] on the *live* bucket of `key`, under whatever
@@ -667,13 +677,11 @@ impl<B: Backend> ProxyManager<B> {
     where
         O: RemoteOp,
     {
-        let inner = &self.inner;
-        if inner.time.0.is_some() || !only_takes_tokens(op.command()) {
+        if !only_takes_tokens(op.command()) {
             return None;
         }
-        let backend = (&inner.backend as &dyn core::any::Any).downcast_ref::<EmbeddedBackend>()?;
-        backend
-            .take_live(key, inner.ttl_margin, |record, now| {
+        self.in_place_backend()?
+            .take_live(key, self.inner.ttl_margin, |record, now| {
                 let Some(selected) = select(&record.config) else {
                     return (None, false);
                 };
