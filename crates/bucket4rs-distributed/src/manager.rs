@@ -659,6 +659,81 @@ impl<B: Backend> ProxyManager<B> {
         self.in_place(key.as_bytes(), &op, select, f).transpose()
     }
 
+    /// The narrowest form of [`try_consume_live_with`](Self::try_consume_live_with), for a
+    /// per-request hot path: takes `tokens` from the *live* bucket of `key` when it holds
+    /// one bandwidth and at least `tokens + leave` tokens are available (after refill), and
+    /// answers what `select` chose from its configuration and the tokens left (at least
+    /// `leave`). The state, results and expiry are exactly those of `try_consume(tokens)`.
+    ///
+    /// `Ok(None)`, with nothing changed, in every other case: those of
+    /// `try_consume_live_with`, a bucket of several bandwidths, or fewer tokens than
+    /// `tokens + leave` (a refusal included). The caller then takes the general path, which
+    /// answers them in full. An HTTP layer passes its cost as `leave`, so that the tokens
+    /// left also cover the next request of that cost: its `RateLimit` field then needs no
+    /// wait computed.
+    ///
+    /// What it spares against `try_consume_live_with` is code rather than work: no verbose
+    /// snapshot is lent and no general operation engine runs, so the path a server runs
+    /// for every request is shorter (docs/http-overhead.md, "A path for the common case").
+    ///
+    /// # Errors
+    /// [`DistributedError::Key`] when the key is too long, and those of `try_consume`
+    /// (`tokens` of 0); nothing is then changed and `select` not called.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(60))?).build()?;
+    /// let any = |_: &BucketConfiguration| Some(());
+    /// // No bucket yet: nothing runs.
+    /// assert_eq!(manager.try_take_live("k", 2, 0, any)?, None);
+    /// manager.in_process_bucket("k", &config)?.unwrap().try_consume(1)?;
+    /// assert_eq!(manager.try_take_live("k", 2, 0, any)?, Some(((), 2)));
+    /// // 2 more would leave none, not the 1 asked for: left to the general path.
+    /// assert_eq!(manager.try_take_live("k", 2, 1, any)?, None);
+    /// assert_eq!(manager.try_take_live("k", 2, 0, any)?, Some(((), 0)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_take_live<P>(
+        &self,
+        key: impl AsRef<[u8]>,
+        tokens: u64,
+        leave: u64,
+        select: impl FnOnce(&BucketConfiguration) -> Option<P>,
+    ) -> Result<Option<(P, u64)>, DistributedError> {
+        let op = ops::TryConsume(tokens);
+        op.validate()?;
+        let key = self.inner.keys.encode(key.as_ref())?;
+        let Some(backend) = self.in_place_backend() else {
+            return Ok(None);
+        };
+        let taken = backend.take_live(key.as_bytes(), self.inner.ttl_margin, |record, now| {
+            let format::Record { config, state } = record;
+            let ([_], [s]) = (config.bandwidths(), state.bandwidths_mut()) else {
+                return (None, false);
+            };
+            let Some(selected) = select(config) else {
+                return (None, false);
+            };
+            // The refilled state with `tokens` taken, if it has them (the single-bandwidth
+            // step of the engine `run_op` runs); kept only when `leave` are left.
+            let Some(Ok((true, Some(new)))) = ops::plan_one(&op, config, now, || *s) else {
+                return (None, false);
+            };
+            let left = match u64::try_from(new.tokens()) {
+                Ok(left) if left >= leave => left,
+                _ => return (None, false),
+            };
+            *s = new;
+            #[cfg(test)]
+            tests::TAKE_RUNS.with(|n| n.set(n.get() + 1));
+            (Some((selected, left)), true)
+        });
+        Ok(taken.flatten())
+    }
+
     /// `op` on the live record of `key` (encoded) of an [`EmbeddedBackend`] without a
     /// transaction, when the manager computes at the backend's clock, `op` only takes
     /// tokens and `select` accepts the record's configuration: the steps (and results) of
@@ -2718,8 +2793,12 @@ mod tests {
     std::thread_local! {
         /// How many operations [`InProcessBucket::in_place`] ran on this thread.
         pub(super) static IN_PLACE_RUNS: Cell<u64> = const { Cell::new(0) };
+        /// How many `try_take_live` calls took tokens on this thread.
+        pub(super) static TAKE_RUNS: Cell<u64> = const { Cell::new(0) };
         /// How many `try_consume_live_with` callbacks ran on this thread.
         static LIVE_RUNS: Cell<u64> = const { Cell::new(0) };
+        /// How many `try_take_live` calls of the test's `Via::Take` steps took tokens.
+        static TAKE_SEEN: Cell<u64> = const { Cell::new(0) };
         /// How many live buckets their `select` declined on this thread.
         static DECLINED: Cell<u64> = const { Cell::new(0) };
     }
@@ -2772,6 +2851,10 @@ mod tests {
         WithRemaining,
         /// `try_consume_live_with` first; `try_consume_with` when it answers `None`.
         Live,
+        /// `try_take_live` first, leaving the given tokens; `try_consume_with` when it
+        /// answers `None`. The instant is not compared (`try_take_live` does not report
+        /// it).
+        Take(u64),
     }
 
     fn consume<B: Backend>(
@@ -2780,7 +2863,29 @@ mod tests {
         config: &BucketConfiguration,
         tokens: u64,
         via: Via,
+        rt: &tokio::runtime::Runtime,
     ) -> Seen {
+        if let Via::Take(leave) = via {
+            match manager.try_take_live(key, tokens, leave, |_| Some(())) {
+                Ok(Some(((), left))) => {
+                    // What the transaction would have lent: the record as stored now.
+                    let k = manager.storage_key(key).unwrap();
+                    let bytes = rt.block_on(manager.backend().read(&k)).unwrap();
+                    let record = format::decode(&bytes.expect("taken from a live key")).unwrap();
+                    let [s] = record.state.bandwidths() else {
+                        panic!("taken from a bucket of several bandwidths");
+                    };
+                    assert_eq!(Ok(left), u64::try_from(s.tokens()), "the tokens left");
+                    assert!(left >= leave, "{left} left, {leave} asked for");
+                    TAKE_SEEN.with(|n| n.set(n.get() + 1));
+                    return Ok(("true".to_owned(), record.config, record.state, 0));
+                }
+                Ok(None) => {}
+                Err(e) => return Err(format!("{e:?}")),
+            }
+            return consume(manager, key, config, tokens, Via::TryConsume, rt)
+                .map(|(value, config, state, _)| (value, config, state, 0));
+        }
         if let Via::Live = via {
             // Declined for a one-bandwidth bucket: then untouched, as the transaction
             // that follows must show.
@@ -2822,9 +2927,10 @@ mod tests {
     /// The in-place path gives the results, states and expiries of the transaction it
     /// stands for: the same random sequence of consumptions (refills, exhausted tokens,
     /// invalid arguments, keys expiring, a key cap refusing a new key, a configuration
-    /// other than the stored one) through both, compared step by step. A third of the steps
-    /// go through `try_consume_live_with` first (taking the transaction when it answers
-    /// `None`, which must then have changed nothing).
+    /// other than the stored one) through both, compared step by step. A quarter of the
+    /// steps go through `try_consume_live_with` first, and a quarter through
+    /// `try_take_live` (each taking the transaction when it answers `None`, which must
+    /// then have changed nothing).
     #[test]
     fn in_place_matches_the_transaction() {
         let fast_clock = ManualClock::new(1_000);
@@ -2845,6 +2951,16 @@ mod tests {
                 .add_limit(Bandwidth::simple(3, secs(2)).unwrap())
                 .build()
                 .unwrap(),
+            BucketConfiguration::builder()
+                .add_limit(
+                    Bandwidth::builder()
+                        .capacity(30)
+                        .refill_intervally(7, secs(1))
+                        .build()
+                        .unwrap(),
+                )
+                .build()
+                .unwrap(),
         ];
         let keys = ["a", "b", "c"];
         let steps = [
@@ -2862,6 +2978,7 @@ mod tests {
             .build()
             .unwrap();
         let before = IN_PLACE_RUNS.with(Cell::get);
+        let take_before = (TAKE_RUNS.with(Cell::get), TAKE_SEEN.with(Cell::get));
         let live_before = LIVE_RUNS.with(Cell::get);
         let declined_before = DECLINED.with(Cell::get);
         let mut rng = 0x2545_f491_4f6c_dd1d_u64;
@@ -2872,13 +2989,18 @@ mod tests {
             rng % n
         };
         let mut refused = 0;
-        for step in 0..5_000 {
+        for step in 0..8_000 {
             let key = keys[next(keys.len() as u64) as usize];
             let config = &configs[next(configs.len() as u64) as usize];
             let tokens = next(8);
-            let via = [Via::TryConsume, Via::WithRemaining, Via::Live][next(3) as usize];
-            let a = consume(&fast, key, config, tokens, via);
-            let b = consume(&slow, key, config, tokens, via);
+            let via = [
+                Via::TryConsume,
+                Via::WithRemaining,
+                Via::Live,
+                Via::Take(next(4)),
+            ][next(4) as usize];
+            let a = consume(&fast, key, config, tokens, via, &rt);
+            let b = consume(&slow, key, config, tokens, via, &rt);
             assert_eq!(a, b, "step {step}: {key} {tokens}");
             refused += usize::from(a.as_ref().is_err_and(|e| e.contains("CapacityExhausted")));
             let by = steps[next(steps.len() as u64) as usize];
@@ -2895,7 +3017,7 @@ mod tests {
         let runs = IN_PLACE_RUNS.with(Cell::get) - before;
         assert!(runs > 1_000, "{runs} operations in place");
         // Only the recognised backend runs the live path (the generic one always answers
-        // `None`): about a third of the steps, half of them declined.
+        // `None`): about a quarter of the steps, half of them declined.
         let live = LIVE_RUNS.with(Cell::get) - live_before;
         let declined = DECLINED.with(Cell::get) - declined_before;
         assert!(
@@ -2903,5 +3025,10 @@ mod tests {
             "{live} live, {declined} declined"
         );
         assert!(refused > 0, "the key cap never refused a key");
+        // A quarter of the steps try `try_take_live`: on the recognised backend it takes
+        // from a one-bandwidth bucket that has the tokens (and those to leave).
+        let takes = TAKE_RUNS.with(Cell::get) - take_before.0;
+        assert_eq!(takes, TAKE_SEEN.with(Cell::get) - take_before.1);
+        assert!(takes > 100, "{takes} taken");
     }
 }

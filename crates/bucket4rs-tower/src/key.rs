@@ -190,6 +190,7 @@ impl KeyExtractor {
     /// let req = http::Request::get("/").header("x-api-key", "").body(()).unwrap();
     /// assert_eq!(KeyExtractor::header("x-api-key").extract(&RequestInfo::new(&req)), None);
     /// ```
+    #[inline]
     pub fn extract<'a>(&self, req: &RequestInfo<'a>) -> Option<Cow<'a, str>> {
         let key: Cow<'a, str> = match &self.0 {
             // `to_str` admits visible ASCII, space and tab only, so `trim_ascii` is `trim`.

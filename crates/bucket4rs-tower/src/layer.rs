@@ -684,6 +684,7 @@ impl RateHeaders {
         }
     }
 
+    #[inline]
     fn apply(self, h: &mut http::HeaderMap) {
         h.insert(RATELIMIT_POLICY, self.policy);
         if let Some(rl) = self.ratelimit {
@@ -977,16 +978,65 @@ where
         let shared = &self.shared;
         let info = RequestInfo::new(&req);
         let Some(key) = shared.key.extract(&info) else {
-            return ResponseFuture::ready(key_problem(
-                shared.missing_key,
-                "the request carries no usable client key",
-            ));
+            return missing_key(shared.missing_key);
         };
         let cost = (shared.cost)(&info);
+        // The common case, on a path of its own: fixed plans on an in-place store, and a
+        // known client's one-bandwidth bucket that has the tokens and keeps `cost` more,
+        // so its `RateLimit` value needs no wait ([`allowed`]). Its plan is read off the
+        // bucket's configuration (one lookup of the key instead of two; see
+        // `FixedPlans`). Everything else (a new key, a refusal, the last tokens, several
+        // bandwidths, a plan resolved per request, a remote store) is left untouched for
+        // `call_general`, out of line, so that this path's code stays compact and its
+        // stack frame small (docs/http-overhead.md, "A path for the common case").
+        if let Some(fixed) = &shared.fixed {
+            if cost != 0 {
+                let select = |config: &BucketConfiguration| {
+                    fixed.plan_of(config).filter(|p| cost <= p.min_capacity())
+                };
+                if let Ok(Some((plan, left))) =
+                    shared
+                        .manager
+                        .try_take_live(key.as_bytes(), cost, cost, select)
+                {
+                    let remaining_header = shared.remaining_header;
+                    #[cfg(test)]
+                    tests::COMMON_PATH.with(|n| n.set(n.get() + 1));
+                    return allowed(&mut self.inner, req, plan, left, remaining_header);
+                }
+            }
+        }
+        self.call_general(req, cost)
+    }
+}
+
+impl<S, B: Backend> RateLimit<S, B> {
+    /// [`call`](Service::call) for every request the common path leaves, `cost` already
+    /// computed. The key is extracted again (the first one borrowed the request, which
+    /// is moved here): a header or the peer address is read twice, a
+    /// [`KeyExtractor::from_fn`] closure called twice.
+    #[inline(never)]
+    fn call_general<ReqBody, ResBody>(
+        &mut self,
+        req: Request<ReqBody>,
+        cost: u64,
+    ) -> ResponseFuture<S, ReqBody, B>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: Send + 'static,
+        ResBody: From<Bytes> + Send + 'static,
+    {
+        let shared = &self.shared;
+        let info = RequestInfo::new(&req);
+        let Some(key) = shared.key.extract(&info) else {
+            return missing_key(shared.missing_key);
+        };
         let remaining_header = shared.remaining_header;
-        // Fixed plans on an in-place store: a known client's bucket first, its plan read
-        // off the bucket's configuration (one lookup of the key instead of two; see
-        // `FixedPlans`). A key without a live bucket, a bucket under a configuration none
+        // Fixed plans on an in-place store: a known client's bucket first, as on the
+        // common path, for what that path leaves (a refusal, the last tokens, several
+        // bandwidths). A key without a live bucket, a bucket under a configuration none
         // of the plans has, and a cost beyond the plan's capacity are left untouched here
         // and go the resolving way below.
         if let Some(fixed) = &shared.fixed {
@@ -1112,6 +1162,34 @@ fn decide(
     (decision, ratelimit)
 }
 
+/// The response future of a request allowed by [`ProxyManager::try_take_live`] under
+/// `plan`, `left` tokens left (at least the request's cost, which is within the plan's
+/// capacity): the headers the general path computes (the test
+/// `the_common_path_answers_as_the_general_one` compares them), with `t` 0.
+#[inline(always)]
+fn allowed<S, ReqBody, ResBody, B>(
+    inner: &mut S,
+    req: Request<ReqBody>,
+    plan: &Plan,
+    left: u64,
+    remaining_header: bool,
+) -> ResponseFuture<S, ReqBody, B>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    let headers = RateHeaders {
+        policy: plan.policy_header().clone(),
+        ratelimit: headers::allowed_value(plan, left),
+        remaining: remaining_header.then_some(left),
+    };
+    ResponseFuture {
+        state: State::Calling {
+            fut: inner.call(req),
+            headers: Some(headers),
+        },
+    }
+}
+
 /// The in-process decision answered: the allowed request's response future built in place
 /// (no intermediate state to move), or the layer's refusal (429, or 500 for a cost beyond
 /// the plan).
@@ -1194,6 +1272,20 @@ where
     }
 }
 
+/// The answer to a request without a usable client key.
+#[cold]
+#[inline(never)]
+fn missing_key<S, ReqBody, ResBody, B>(status: StatusCode) -> ResponseFuture<S, ReqBody, B>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: From<Bytes>,
+{
+    ResponseFuture::ready(key_problem(
+        status,
+        "the request carries no usable client key",
+    ))
+}
+
 #[cold]
 #[inline(never)]
 fn cost_exceeds_capacity<ResBody: From<Bytes>>(plan: &Plan, cost: u64) -> Response<ResBody> {
@@ -1226,9 +1318,144 @@ fn unavailable_response<ResBody: From<Bytes>>(why: &str) -> Response<ResBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bucket4rs_core::Bandwidth;
     use bucket4rs_core::ops::TryConsumeAndReturnRemaining;
+    use bucket4rs_core::{Bandwidth, ManualClock};
     use core::time::Duration;
+    use std::cell::Cell;
+    use tower::ServiceExt;
+
+    std::thread_local! {
+        /// How many requests the common path of `call` answered on this thread.
+        pub(super) static COMMON_PATH: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// Status, the rate-limit headers and the body of a response.
+    type Answer = (StatusCode, Vec<(String, String)>, Bytes);
+
+    async fn answer_of<S>(svc: &S, key: &str, path: &str) -> Answer
+    where
+        S: Service<Request<()>, Response = Response<Bytes>, Error = core::convert::Infallible>
+            + Clone,
+    {
+        let req = Request::get(path)
+            .header("x-api-key", key)
+            .body(())
+            .unwrap();
+        let resp = svc.clone().oneshot(req).await.unwrap();
+        let mut headers: Vec<(String, String)> = resp
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        headers.sort();
+        (resp.status(), headers, resp.into_body())
+    }
+
+    /// The common path of `call` (fixed plans, a known client's one-bandwidth bucket that
+    /// keeps the cost) answers exactly as the general path does: the same random requests
+    /// (keys of four plans: greedy, interval refill, two bandwidths, and an unknown key;
+    /// costs up to beyond a plan's capacity; instants from the same nanosecond to past
+    /// expiry) through a layer with fixed plans and one resolving each request, compared
+    /// response by response, with and without `X-Rate-Limit-Remaining`.
+    #[tokio::test]
+    async fn the_common_path_answers_as_the_general_one() {
+        let table = || {
+            crate::PlanTable::from_toml(
+                r#"
+                [plans.free]
+                limits = [{ id = "burst", capacity = 20, refill = 20, period = "1 minute" }]
+                [plans.pro]
+                limits = [{ id = "pro", capacity = 200, refill = 7, period = "1s" }]
+                [plans.stepped]
+                limits = [{ capacity = 12, refill = 4, period = "10s", refill_kind = "intervally" }]
+                [plans.two]
+                limits = [
+                    { id = "burst", capacity = 6, refill = 6, period = "1s" },
+                    { id = "daily", capacity = 40, refill = 40, period = "1 day" },
+                ]
+                [keys]
+                f = "free"
+                p = "pro"
+                s = "stepped"
+                t = "two"
+                "#,
+            )
+            .unwrap()
+        };
+        let hello = tower::service_fn(|_: Request<()>| async {
+            Ok::<_, core::convert::Infallible>(Response::new(Bytes::from_static(b"hello")))
+        });
+        let cost = |r: &RequestInfo<'_>| match r.uri().path() {
+            "/c3" => 3,
+            "/c7" => 7,
+            "/c30" => 30,
+            "/free" => 0,
+            _ => 1,
+        };
+        for remaining_header in [false, true] {
+            let fixed_clock = ManualClock::new(1_000_000_000);
+            let general_clock = ManualClock::new(1_000_000_000);
+            let fixed = RateLimitLayer::builder()
+                .backend(ProxyManager::new(EmbeddedBackend::with_clock(
+                    fixed_clock.clone(),
+                )))
+                .plans(table())
+                .cost(cost)
+                .remaining_header(remaining_header)
+                .build();
+            assert!(fixed.shared.fixed.is_some(), "a plans table is fixed");
+            let fixed = fixed.layer(hello);
+            let resolving = table();
+            let general = RateLimitLayer::builder()
+                .backend(ProxyManager::new(EmbeddedBackend::with_clock(
+                    general_clock.clone(),
+                )))
+                .plans(move |key: &str| resolving.resolve(key))
+                .cost(cost)
+                .remaining_header(remaining_header)
+                .build();
+            assert!(general.shared.fixed.is_none());
+            let general = general.layer(hello);
+            let steps: [i64; 8] = [
+                0,
+                1,
+                1_000,
+                50_000_000,
+                400_000_000,
+                2_500_000_000,
+                30_000_000_000,
+                7_200_000_000_000,
+            ];
+            let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+            let mut next = |n: u64| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng % n
+            };
+            let common_before = COMMON_PATH.with(Cell::get);
+            let (mut allowed, mut refused) = (0, 0);
+            for step in 0..4_000 {
+                let key = ["f", "p", "s", "t", "u"][next(5) as usize];
+                let path = ["/c1", "/c1", "/c3", "/c7", "/c30", "/free"][next(6) as usize];
+                let a = answer_of(&fixed, key, path).await;
+                let b = answer_of(&general, key, path).await;
+                assert_eq!(a, b, "step {step}: {key} {path}");
+                allowed += usize::from(a.0 == StatusCode::OK);
+                refused += usize::from(a.0 == StatusCode::TOO_MANY_REQUESTS);
+                // Mostly short steps, so that buckets run out.
+                let by = steps[next(steps.len() as u64).min(next(steps.len() as u64)) as usize];
+                fixed_clock.advance_nanos(by);
+                general_clock.advance_nanos(by);
+            }
+            let common = COMMON_PATH.with(Cell::get) - common_before;
+            assert!(
+                allowed > 1_000 && refused > 300,
+                "{allowed} allowed, {refused} refused"
+            );
+            assert!(common > 500, "{common} on the common path");
+        }
+    }
 
     /// Fixed plans are used only when each plan's configuration tells it apart (its own
     /// allocation; equal contents are fine), there are at most 16, and the resolver says
