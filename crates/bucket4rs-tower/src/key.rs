@@ -171,6 +171,10 @@ impl KeyExtractor {
 
     /// Any closure over the request head.
     ///
+    /// The layer may call it twice for one request (once on its common path, once more
+    /// when the request leaves that path: a new key, a refusal), so it should give the
+    /// same answer for the same request.
+    ///
     /// ```
     /// # use bucket4rs_tower::{KeyExtractor, RequestInfo};
     /// let k = KeyExtractor::from_fn(|r| Some(r.method().to_string()));

@@ -976,11 +976,6 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
-        let info = RequestInfo::new(&req);
-        let Some(key) = shared.key.extract(&info) else {
-            return missing_key(shared.missing_key);
-        };
-        let cost = (shared.cost)(&info);
         // The common case, on a path of its own: fixed plans on an in-place store, and a
         // known client's one-bandwidth bucket that has the tokens and keeps `cost` more,
         // so its `RateLimit` value needs no wait ([`allowed`]). Its plan is read off the
@@ -989,37 +984,44 @@ where
         // bandwidths, a plan resolved per request, a remote store) is left untouched for
         // `call_general`, out of line, so that this path's code stays compact and its
         // stack frame small (docs/http-overhead.md, "A path for the common case").
-        if let Some(fixed) = &shared.fixed {
-            if cost != 0 {
-                let select = |config: &BucketConfiguration| {
-                    fixed.plan_of(config).filter(|p| cost <= p.min_capacity())
-                };
-                if let Ok(Some((plan, left))) =
-                    shared
-                        .manager
-                        .try_take_live(key.as_bytes(), cost, cost, select)
-                {
-                    let remaining_header = shared.remaining_header;
-                    #[cfg(test)]
-                    tests::COMMON_PATH.with(|n| n.set(n.get() + 1));
-                    return allowed(&mut self.inner, req, plan, left, remaining_header);
-                }
+        let Some(fixed) = &shared.fixed else {
+            return self.call_general(req, None);
+        };
+        let info = RequestInfo::new(&req);
+        let Some(key) = shared.key.extract(&info) else {
+            return missing_key(shared.missing_key);
+        };
+        let cost = (shared.cost)(&info);
+        if cost != 0 {
+            let select = |config: &BucketConfiguration| {
+                fixed.plan_of(config).filter(|p| cost <= p.min_capacity())
+            };
+            if let Ok(Some((plan, left))) =
+                shared
+                    .manager
+                    .try_take_live(key.as_bytes(), cost, cost, select)
+            {
+                let remaining_header = shared.remaining_header;
+                #[cfg(test)]
+                tests::COMMON_PATH.with(|n| n.set(n.get() + 1));
+                return allowed(&mut self.inner, req, plan, left, remaining_header);
             }
         }
-        self.call_general(req, cost)
+        self.call_general(req, Some(cost))
     }
 }
 
 impl<S, B: Backend> RateLimit<S, B> {
-    /// [`call`](Service::call) for every request the common path leaves, `cost` already
-    /// computed. The key is extracted again (the first one borrowed the request, which
-    /// is moved here): a header or the peer address is read twice, a
-    /// [`KeyExtractor::from_fn`] closure called twice.
+    /// [`call`](Service::call) for every request the common path leaves (`cost` computed
+    /// there), and for every request when the plans are not fixed (`cost` is `None`). A
+    /// request that left the common path has its key extracted again (the first one
+    /// borrowed the request, which is moved here): a header or the peer address is read
+    /// twice, a [`KeyExtractor::from_fn`] closure called twice.
     #[inline(never)]
     fn call_general<ReqBody, ResBody>(
         &mut self,
         req: Request<ReqBody>,
-        cost: u64,
+        cost: Option<u64>,
     ) -> ResponseFuture<S, ReqBody, B>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -1033,6 +1035,7 @@ impl<S, B: Backend> RateLimit<S, B> {
         let Some(key) = shared.key.extract(&info) else {
             return missing_key(shared.missing_key);
         };
+        let cost = cost.unwrap_or_else(|| (shared.cost)(&info));
         let remaining_header = shared.remaining_header;
         // Fixed plans on an in-place store: a known client's bucket first, as on the
         // common path, for what that path leaves (a refusal, the last tokens, several
