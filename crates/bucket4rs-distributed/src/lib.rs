@@ -60,8 +60,9 @@ pub use embedded::EmbeddedBackend;
 pub use error::{BackendError, BackendErrorKind, DistributedError, FormatError, KeyError};
 pub use key::{KeyPolicy, StorageKey, StorageKeyRef};
 pub use manager::{
-    Batching, BlockingRemoteBucket, InProcessBucket, ManagerBuilder, ProxyManager, RemoteBucket,
-    RemoteBucketBuilder, RetryPolicy, TimeSource, Verbose, VerboseRef, VerboseRemoteBucket,
+    Batching, BlockingRemoteBucket, InProcessBucket, LiveTake, ManagerBuilder, ProxyManager,
+    RemoteBucket, RemoteBucketBuilder, RetryPolicy, TimeSource, Verbose, VerboseRef,
+    VerboseRemoteBucket,
 };
 pub use policy::{Decision, FailurePolicy};
 #[cfg(feature = "postgres")]

@@ -659,79 +659,89 @@ impl<B: Backend> ProxyManager<B> {
         self.in_place(key.as_bytes(), &op, select, f).transpose()
     }
 
-    /// The narrowest form of [`try_consume_live_with`](Self::try_consume_live_with), for a
-    /// per-request hot path: takes `tokens` from the *live* bucket of `key` when it holds
-    /// one bandwidth and at least `tokens + leave` tokens are available (after refill), and
-    /// answers what `select` chose from its configuration and the tokens left (at least
-    /// `leave`). The state, results and expiry are exactly those of `try_consume(tokens)`.
+    /// [`try_consume_live_with`](Self::try_consume_live_with) with a shortcut for a
+    /// per-request hot path. When the *live* bucket of `key` holds one bandwidth and at
+    /// least `tokens + leave` tokens are available (after refill), `tokens` are taken and
+    /// the answer is [`LiveTake::Taken`]: what `select` chose from the configuration, and
+    /// the tokens left (at least `leave`). Any other live bucket that `select` accepts (a
+    /// refusal, fewer than `leave` left, several bandwidths) runs `try_consume(tokens)` as
+    /// `try_consume_live_with` does, and the answer is [`LiveTake::Other`] with what
+    /// `otherwise` made of the lent result, configuration and state. Either way the state,
+    /// results and expiry are those of `try_consume(tokens)`, and the key is looked up
+    /// once.
     ///
-    /// `Ok(None)`, with nothing changed, in every other case: those of
-    /// `try_consume_live_with`, a bucket of several bandwidths, or fewer tokens than
-    /// `tokens + leave` (a refusal included). The caller then takes the general path, which
-    /// answers them in full. An HTTP layer passes its cost as `leave`, so that the tokens
-    /// left also cover the next request of that cost: its `RateLimit` field then needs no
-    /// wait computed.
+    /// `Ok(None)`, with nothing changed and neither closure called after `select`, in the
+    /// cases of `try_consume_live_with` (no live bucket, `select` declines, the in-place
+    /// path does not apply).
     ///
-    /// What it spares against `try_consume_live_with` is code rather than work: no verbose
-    /// snapshot is lent and no general operation engine runs, so the path a server runs
-    /// for every request is shorter (docs/http-overhead.md, "A path for the common case").
+    /// An HTTP layer passes its cost as `leave`, so that the tokens left also cover the
+    /// next request of that cost, and its `RateLimit` field needs no wait computed. What
+    /// the shortcut spares is code rather than work: no verbose snapshot is lent and no
+    /// general operation engine runs (that is out of line, for `Other`), so the path a
+    /// server runs for every request is shorter (docs/http-overhead.md, "A path for the
+    /// common case").
     ///
     /// # Errors
     /// [`DistributedError::Key`] when the key is too long, and those of `try_consume`
-    /// (`tokens` of 0); nothing is then changed and `select` not called.
+    /// (`tokens` of 0); nothing is then changed and no closure called.
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
-    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
+    /// # use bucket4rs_distributed::{EmbeddedBackend, LiveTake, ProxyManager}; use std::time::Duration;
     /// let manager = ProxyManager::new(EmbeddedBackend::new());
     /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(60))?).build()?;
     /// let any = |_: &BucketConfiguration| Some(());
+    /// let value = |(), v: bucket4rs_distributed::VerboseRef<'_, bool>| v.value;
     /// // No bucket yet: nothing runs.
-    /// assert_eq!(manager.try_take_live("k", 2, 0, any)?, None);
+    /// assert_eq!(manager.try_take_live("k", 2, 0, any, value)?, None);
     /// manager.in_process_bucket("k", &config)?.unwrap().try_consume(1)?;
-    /// assert_eq!(manager.try_take_live("k", 2, 0, any)?, Some(((), 2)));
-    /// // 2 more would leave none, not the 1 asked for: left to the general path.
-    /// assert_eq!(manager.try_take_live("k", 2, 1, any)?, None);
-    /// assert_eq!(manager.try_take_live("k", 2, 0, any)?, Some(((), 0)));
+    /// assert_eq!(manager.try_take_live("k", 2, 0, any, value)?, Some(LiveTake::Taken((), 2)));
+    /// // 2 more would leave none, not the 1 asked for: taken the general way.
+    /// assert_eq!(manager.try_take_live("k", 2, 1, any, value)?, Some(LiveTake::Other(true)));
+    /// // A refusal.
+    /// assert_eq!(manager.try_take_live("k", 1, 0, any, value)?, Some(LiveTake::Other(false)));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
-    pub fn try_take_live<P>(
+    pub fn try_take_live<P, R>(
         &self,
         key: impl AsRef<[u8]>,
         tokens: u64,
         leave: u64,
         select: impl FnOnce(&BucketConfiguration) -> Option<P>,
-    ) -> Result<Option<(P, u64)>, DistributedError> {
+        otherwise: impl FnOnce(P, VerboseRef<'_, bool>) -> R,
+    ) -> Result<Option<LiveTake<P, R>>, DistributedError> {
         let op = ops::TryConsume(tokens);
         op.validate()?;
         let key = self.inner.keys.encode(key.as_ref())?;
         let Some(backend) = self.in_place_backend() else {
             return Ok(None);
         };
-        let taken = backend.take_live(key.as_bytes(), self.inner.ttl_margin, |record, now| {
-            let format::Record { config, state } = record;
-            let ([_], [s]) = (config.bandwidths(), state.bandwidths_mut()) else {
-                return (None, false);
-            };
-            let Some(selected) = select(config) else {
-                return (None, false);
-            };
-            // The refilled state with `tokens` taken, if it has them (the single-bandwidth
-            // step of the engine `run_op` runs); kept only when `leave` are left.
-            let Some(Ok((true, Some(new)))) = ops::plan_one(&op, config, now, || *s) else {
-                return (None, false);
-            };
-            let left = match u64::try_from(new.tokens()) {
-                Ok(left) if left >= leave => left,
-                _ => return (None, false),
-            };
-            *s = new;
-            #[cfg(test)]
-            tests::TAKE_RUNS.with(|n| n.set(n.get() + 1));
-            (Some((selected, left)), true)
-        });
-        Ok(taken.flatten())
+        backend
+            .take_live(key.as_bytes(), self.inner.ttl_margin, |record, now| {
+                let Some(selected) = select(&record.config) else {
+                    return (None, false);
+                };
+                let format::Record { config, state } = record;
+                if let ([_], [s]) = (config.bandwidths(), state.bandwidths_mut()) {
+                    // The refilled state with `tokens` taken, if it has them (the
+                    // single-bandwidth step of the engine `run_op` runs), kept when `leave`
+                    // are left.
+                    if let Some(Ok((true, Some(new)))) = ops::plan_one(&op, config, now, || *s) {
+                        if let Ok(left) = u64::try_from(new.tokens()) {
+                            if left >= leave {
+                                *s = new;
+                                #[cfg(test)]
+                                tests::TAKE_RUNS.with(|n| n.set(n.get() + 1));
+                                return (Some(Ok(LiveTake::Taken(selected, left))), true);
+                            }
+                        }
+                    }
+                }
+                take_otherwise(&op, record, now, selected, otherwise)
+            })
+            .flatten()
+            .transpose()
     }
 
     /// `op` on the live record of `key` (encoded) of an [`EmbeddedBackend`] without a
@@ -1455,6 +1465,56 @@ fn run_op<O: Operation>(
         },
     )?;
     Ok((value, wrote))
+}
+
+/// What [`ProxyManager::try_take_live`] answers for a live bucket `select` accepted.
+type LiveResult<P, R> = Result<LiveTake<P, R>, DistributedError>;
+
+/// [`ProxyManager::try_take_live`] past its shortcut: `op` run on the record as
+/// [`ProxyManager::try_consume_live_with`] runs it, the result lent to `f`. Out of line, so
+/// that the shortcut's code stays compact.
+#[inline(never)]
+fn take_otherwise<P, R>(
+    op: &ops::TryConsume,
+    record: &mut format::Record,
+    now: i64,
+    selected: P,
+    f: impl FnOnce(P, VerboseRef<'_, bool>) -> R,
+) -> (Option<LiveResult<P, R>>, bool) {
+    #[cfg(test)]
+    tests::IN_PLACE_RUNS.with(|n| n.set(n.get() + 1));
+    match run_op(op, record, now) {
+        Ok((value, took)) => {
+            let out = f(
+                selected,
+                VerboseRef {
+                    value,
+                    configuration: &record.config,
+                    state: &record.state,
+                    now_nanos: now,
+                },
+            );
+            (Some(Ok(LiveTake::Other(out))), took)
+        }
+        Err(e) => (Some(Err(e)), false),
+    }
+}
+
+/// What [`ProxyManager::try_take_live`] did with a live bucket.
+///
+/// ```
+/// use bucket4rs_distributed::LiveTake;
+/// let taken: LiveTake<&str, bool> = LiveTake::Taken("free", 19);
+/// assert!(matches!(taken, LiveTake::Taken(_, 19)));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LiveTake<P, R> {
+    /// The shortcut: the tokens were taken and at least `leave` are left. What `select`
+    /// chose, and the tokens left.
+    Taken(P, u64),
+    /// Anything else `select` accepted (a refusal included), run as
+    /// [`ProxyManager::try_consume_live_with`] runs it: what `otherwise` answered.
+    Other(R),
 }
 
 struct ReplaceJob(BucketConfiguration, TokensInheritanceStrategy);
@@ -2799,6 +2859,8 @@ mod tests {
         static LIVE_RUNS: Cell<u64> = const { Cell::new(0) };
         /// How many `try_take_live` calls of the test's `Via::Take` steps took tokens.
         static TAKE_SEEN: Cell<u64> = const { Cell::new(0) };
+        /// How many `try_take_live` calls ran the general way (`LiveTake::Other`).
+        static TAKE_OTHER: Cell<u64> = const { Cell::new(0) };
         /// How many live buckets their `select` declined on this thread.
         static DECLINED: Cell<u64> = const { Cell::new(0) };
     }
@@ -2852,7 +2914,7 @@ mod tests {
         /// `try_consume_live_with` first; `try_consume_with` when it answers `None`.
         Live,
         /// `try_take_live` first, leaving the given tokens; `try_consume_with` when it
-        /// answers `None`. The instant is not compared (`try_take_live` does not report
+        /// answers `None`. The instant is not compared (`LiveTake::Taken` does not report
         /// it).
         Take(u64),
     }
@@ -2866,8 +2928,14 @@ mod tests {
         rt: &tokio::runtime::Runtime,
     ) -> Seen {
         if let Via::Take(leave) = via {
-            match manager.try_take_live(key, tokens, leave, |_| Some(())) {
-                Ok(Some(((), left))) => {
+            let otherwise = |(), v: VerboseRef<'_, bool>| {
+                TAKE_OTHER.with(|n| n.set(n.get() + 1));
+                let value = format!("{:?}", v.value);
+                (value, v.configuration.clone(), v.state.clone(), 0)
+            };
+            match manager.try_take_live(key, tokens, leave, |_| Some(()), otherwise) {
+                Ok(Some(LiveTake::Other(seen))) => return Ok(seen),
+                Ok(Some(LiveTake::Taken((), left))) => {
                     // What the transaction would have lent: the record as stored now.
                     let k = manager.storage_key(key).unwrap();
                     let bytes = rt.block_on(manager.backend().read(&k)).unwrap();
@@ -2978,7 +3046,11 @@ mod tests {
             .build()
             .unwrap();
         let before = IN_PLACE_RUNS.with(Cell::get);
-        let take_before = (TAKE_RUNS.with(Cell::get), TAKE_SEEN.with(Cell::get));
+        let take_before = (
+            TAKE_RUNS.with(Cell::get),
+            TAKE_SEEN.with(Cell::get),
+            TAKE_OTHER.with(Cell::get),
+        );
         let live_before = LIVE_RUNS.with(Cell::get);
         let declined_before = DECLINED.with(Cell::get);
         let mut rng = 0x2545_f491_4f6c_dd1d_u64;
@@ -3026,9 +3098,14 @@ mod tests {
         );
         assert!(refused > 0, "the key cap never refused a key");
         // A quarter of the steps try `try_take_live`: on the recognised backend it takes
-        // from a one-bandwidth bucket that has the tokens (and those to leave).
+        // from a one-bandwidth bucket that has the tokens (and those to leave), and runs
+        // any other live bucket the general way.
         let takes = TAKE_RUNS.with(Cell::get) - take_before.0;
         assert_eq!(takes, TAKE_SEEN.with(Cell::get) - take_before.1);
-        assert!(takes > 100, "{takes} taken");
+        let other = TAKE_OTHER.with(Cell::get) - take_before.2;
+        assert!(
+            takes > 100 && other > 100,
+            "{takes} taken, {other} the other way"
+        );
     }
 }

@@ -171,9 +171,9 @@ impl KeyExtractor {
 
     /// Any closure over the request head.
     ///
-    /// The layer may call it twice for one request (once on its common path, once more
-    /// when the request leaves that path: a new key, a refusal), so it should give the
-    /// same answer for the same request.
+    /// With fixed plans the layer may call it twice for one request (once on its common
+    /// path, once more on the general one: a key without a live bucket yet, a cost beyond
+    /// its plan), so it should give the same answer for the same request.
     ///
     /// ```
     /// # use bucket4rs_tower::{KeyExtractor, RequestInfo};

@@ -12,7 +12,7 @@ use bucket4rs_core::ops::Refilled;
 use bucket4rs_core::{BucketConfiguration, BucketState, ConsumptionProbe};
 use bucket4rs_distributed::{
     Backend, BackendError, BackendErrorKind, DistributedError, EmbeddedBackend, FailurePolicy,
-    ProxyManager, RemoteBucket, StorageKey, Transaction, Verbose, VerboseRef,
+    LiveTake, ProxyManager, RemoteBucket, StorageKey, Transaction, Verbose, VerboseRef,
 };
 use bucket4rs_local::FastClock;
 use bytes::Bytes;
@@ -993,18 +993,38 @@ where
         };
         let cost = (shared.cost)(&info);
         if cost != 0 {
+            let remaining_header = shared.remaining_header;
             let select = |config: &BucketConfiguration| {
                 fixed.plan_of(config).filter(|p| cost <= p.min_capacity())
             };
-            if let Ok(Some((plan, left))) =
+            // A known client's other outcomes (a refusal, the last tokens, several
+            // bandwidths), decided in the same lookup, out of line.
+            let live =
                 shared
                     .manager
-                    .try_take_live(key.as_bytes(), cost, cost, select)
-            {
-                let remaining_header = shared.remaining_header;
-                #[cfg(test)]
-                tests::COMMON_PATH.with(|n| n.set(n.get() + 1));
-                return allowed(&mut self.inner, req, plan, left, remaining_header);
+                    .try_take_live(key.as_bytes(), cost, cost, select, |plan, v| {
+                        (plan, decide(plan, &v, cost, remaining_header))
+                    });
+            match live {
+                Ok(Some(LiveTake::Taken(plan, left))) => {
+                    #[cfg(test)]
+                    tests::COMMON_PATH.with(|n| n.set(n.get() + 1));
+                    return allowed(&mut self.inner, req, plan, left, remaining_header);
+                }
+                Ok(Some(LiveTake::Other((plan, (decision, ratelimit))))) => {
+                    return answer_live(
+                        &mut self.inner,
+                        req,
+                        plan,
+                        decision,
+                        ratelimit,
+                        remaining_header,
+                        cost,
+                    );
+                }
+                // No live bucket, a configuration none of the plans has, a cost beyond the
+                // plan's capacity (all untouched), or a key too long: the general path.
+                _ => {}
             }
         }
         self.call_general(req, Some(cost))
@@ -1013,10 +1033,11 @@ where
 
 impl<S, B: Backend> RateLimit<S, B> {
     /// [`call`](Service::call) for every request the common path leaves (`cost` computed
-    /// there), and for every request when the plans are not fixed (`cost` is `None`). A
-    /// request that left the common path has its key extracted again (the first one
-    /// borrowed the request, which is moved here): a header or the peer address is read
-    /// twice, a [`KeyExtractor::from_fn`] closure called twice.
+    /// there: a key without a live bucket, a configuration none of the fixed plans has, a
+    /// cost beyond the plan), and for every request when the plans are not fixed (`cost`
+    /// is `None`): the resolving path. A request that left the common path has its key
+    /// extracted again (the first one borrowed the request, which is moved here): a header
+    /// or the peer address is read twice, a [`KeyExtractor::from_fn`] closure called twice.
     #[inline(never)]
     fn call_general<ReqBody, ResBody>(
         &mut self,
@@ -1037,33 +1058,6 @@ impl<S, B: Backend> RateLimit<S, B> {
         };
         let cost = cost.unwrap_or_else(|| (shared.cost)(&info));
         let remaining_header = shared.remaining_header;
-        // Fixed plans on an in-place store: a known client's bucket first, as on the
-        // common path, for what that path leaves (a refusal, the last tokens, several
-        // bandwidths). A key without a live bucket, a bucket under a configuration none
-        // of the plans has, and a cost beyond the plan's capacity are left untouched here
-        // and go the resolving way below.
-        if let Some(fixed) = &shared.fixed {
-            if cost != 0 {
-                let live = shared.manager.try_consume_live_with(
-                    key.as_bytes(),
-                    cost,
-                    |config| fixed.plan_of(config).filter(|p| cost <= p.min_capacity()),
-                    |plan, v| (plan, decide(plan, &v, cost, remaining_header)),
-                );
-                // `Err`: a key too long, which the resolving path reports.
-                if let Ok(Some((plan, (decision, ratelimit)))) = live {
-                    return answer(
-                        &mut self.inner,
-                        req,
-                        plan,
-                        decision,
-                        ratelimit,
-                        remaining_header,
-                        cost,
-                    );
-                }
-            }
-        }
         let Some(plan) = shared.plans.as_ref().and_then(|p| p.resolve(&key)) else {
             return ResponseFuture::ready(key_problem(shared.unknown_key, "unknown client key"));
         };
@@ -1191,6 +1185,33 @@ where
             headers: Some(headers),
         },
     }
+}
+
+/// [`answer`] out of line, for the outcomes of a known client that the common path of
+/// [`RateLimit::call`] hands on (`LiveTake::Other`).
+#[inline(never)]
+fn answer_live<S, ReqBody, ResBody, B>(
+    inner: &mut S,
+    req: Request<ReqBody>,
+    plan: &Plan,
+    decision: Decision,
+    ratelimit: Option<HeaderValue>,
+    remaining_header: bool,
+    cost: u64,
+) -> ResponseFuture<S, ReqBody, B>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: From<Bytes>,
+{
+    answer(
+        inner,
+        req,
+        plan,
+        decision,
+        ratelimit,
+        remaining_header,
+        cost,
+    )
 }
 
 /// The in-process decision answered: the allowed request's response future built in place
