@@ -770,23 +770,7 @@ impl<B: Backend> ProxyManager<B> {
                 let Some(selected) = select(&record.config) else {
                     return (None, false);
                 };
-                #[cfg(test)]
-                tests::IN_PLACE_RUNS.with(|n| n.set(n.get() + 1));
-                match run_op(op, record, now) {
-                    Ok((value, took)) => {
-                        let out = f(
-                            selected,
-                            VerboseRef {
-                                value,
-                                configuration: &record.config,
-                                state: &record.state,
-                                now_nanos: now,
-                            },
-                        );
-                        (Some(Ok(out)), took)
-                    }
-                    Err(e) => (Some(Err(e)), false),
-                }
+                run_lent(op, record, now, selected, f)
             })
             .flatten()
     }
@@ -1470,17 +1454,18 @@ fn run_op<O: Operation>(
 /// What [`ProxyManager::try_take_live`] answers for a live bucket `select` accepted.
 type LiveResult<P, R> = Result<LiveTake<P, R>, DistributedError>;
 
-/// [`ProxyManager::try_take_live`] past its shortcut: `op` run on the record as
-/// [`ProxyManager::try_consume_live_with`] runs it, the result lent to `f`. Out of line, so
-/// that the shortcut's code stays compact.
-#[inline(never)]
-fn take_otherwise<P, R>(
-    op: &ops::TryConsume,
+/// The in-place step of [`ProxyManager::in_place`]: `op` run on the live record at `now`,
+/// its result, the configuration and the state lent to `f` with what `select` chose
+/// (`selected`); the answer for [`EmbeddedBackend::take_live`], whether the state changed
+/// with it.
+#[inline]
+fn run_lent<O: Operation, P, R>(
+    op: &O,
     record: &mut format::Record,
     now: i64,
     selected: P,
-    f: impl FnOnce(P, VerboseRef<'_, bool>) -> R,
-) -> (Option<LiveResult<P, R>>, bool) {
+    f: impl FnOnce(P, VerboseRef<'_, O::Output>) -> R,
+) -> (Option<Result<R, DistributedError>>, bool) {
     #[cfg(test)]
     tests::IN_PLACE_RUNS.with(|n| n.set(n.get() + 1));
     match run_op(op, record, now) {
@@ -1494,10 +1479,25 @@ fn take_otherwise<P, R>(
                     now_nanos: now,
                 },
             );
-            (Some(Ok(LiveTake::Other(out))), took)
+            (Some(Ok(out)), took)
         }
         Err(e) => (Some(Err(e)), false),
     }
+}
+
+/// [`ProxyManager::try_take_live`] past its shortcut: `op` run on the record as
+/// [`ProxyManager::try_consume_live_with`] runs it ([`run_lent`]), the answer
+/// [`LiveTake::Other`]. Out of line, so that the shortcut's code stays compact.
+#[inline(never)]
+fn take_otherwise<P, R>(
+    op: &ops::TryConsume,
+    record: &mut format::Record,
+    now: i64,
+    selected: P,
+    f: impl FnOnce(P, VerboseRef<'_, bool>) -> R,
+) -> (Option<LiveResult<P, R>>, bool) {
+    let (out, took) = run_lent(op, record, now, selected, f);
+    (out.map(|r| r.map(LiveTake::Other)), took)
 }
 
 /// What [`ProxyManager::try_take_live`] did with a live bucket.
