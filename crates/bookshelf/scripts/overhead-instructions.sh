@@ -36,6 +36,10 @@
 # smaller than the host's (a key count that fits a simulated run then misses it as many
 # keys miss a real L2).
 #
+# With REFUSED=1 only the layer's side runs, on a plans file giving `bench-key` one token per
+# hour, so that every measured request is refused (429 with its problem+json body): the
+# instructions per refused request (docs/http-overhead.md, "A path for the common case").
+#
 # Needs: valgrind (callgrind_control), wrk, curl, ports 18090-18093 free.
 set -euo pipefail
 
@@ -96,7 +100,7 @@ measure() { # name port binary args... -> "instructions_per_request requests [ev
     callgrind_control -z "$VPID" > /dev/null 2>&1
     local out n
     out=$(wrk -t1 -c8 -d"$DURATION" "${WRK_KEY[@]}" "$url")
-    if echo "$out" | grep -q 'Non-2xx'; then
+    if [ "${REFUSED:-0}" != 1 ] && echo "$out" | grep -q 'Non-2xx'; then
         echo "non-2xx responses from $name" >&2
         exit 1
     fi
@@ -120,6 +124,18 @@ measure() { # name port binary args... -> "instructions_per_request requests [ev
     }'
 }
 
+if [ "${REFUSED:-0}" = 1 ]; then
+    PLANS=$OUT/refused-plans.toml
+    {
+        echo '[plans.tiny]'
+        echo 'limits = [{ id = "tiny", capacity = 1, refill = 1, period = "1h" }]'
+        echo '[keys]'
+        echo 'bench-key = "tiny"'
+    } > "$PLANS"
+    read -r REFUSED_I NR _ < <(measure with 18091 "$BIN" --plans "$PLANS")
+    echo "user-space instructions per refused request (requests counted: $NR): $REFUSED_I"
+    exit 0
+fi
 read -r WITHOUT NW WO_EV < <(measure without 18090 "$BIN" --no-limit)
 read -r WITH NL WI_EV < <(measure with 18091 "$BIN" --plans "$PLANS")
 read -r FLOORI NF FL_EV < <(measure floor 18092 "$FLOOR")

@@ -980,10 +980,11 @@ where
         // known client's one-bandwidth bucket that has the tokens and keeps `cost` more,
         // so its `RateLimit` value needs no wait ([`allowed`]). Its plan is read off the
         // bucket's configuration (one lookup of the key instead of two; see
-        // `FixedPlans`). Everything else (a new key, a refusal, the last tokens, several
-        // bandwidths, a plan resolved per request, a remote store) is left untouched for
-        // `call_general`, out of line, so that this path's code stays compact and its
-        // stack frame small (docs/http-overhead.md, "A path for the common case").
+        // `FixedPlans`). A known client's other outcomes are decided in the same lookup
+        // and answered out of line ([`answer_live`]). Everything else (a new key, a plan
+        // resolved per request, a remote store) is left untouched for `call_general`, out
+        // of line, so that this path's code stays compact and its stack frame small
+        // (docs/http-overhead.md, "A path for the common case").
         let Some(fixed) = &shared.fixed else {
             return self.call_general(req, None);
         };
@@ -1353,7 +1354,7 @@ mod tests {
         pub(super) static COMMON_PATH: Cell<u64> = const { Cell::new(0) };
     }
 
-    /// Status, the rate-limit headers and the body of a response.
+    /// Status, every header (sorted) and the body of a response.
     type Answer = (StatusCode, Vec<(String, String)>, Bytes);
 
     async fn answer_of<S>(svc: &S, key: &str, path: &str) -> Answer
