@@ -1,6 +1,9 @@
 use serde_json::{Map, Value, json};
 
-use super::{Surface, doc_hidden, line_diff, listing_text, over_budget, render, walk};
+use super::{
+    PRODUCT_CRATES, Surface, doc_hidden, line_diff, listing_text, order_key, over_budget, render,
+    walk,
+};
 
 /// A rustdoc JSON document of the format-57 shape, with `items` as its index.
 fn krate(root: u32, items: Vec<Value>, paths: Value) -> Value {
@@ -574,4 +577,34 @@ fn the_budget_fails_only_above_the_limit() {
     assert_eq!(over_budget(380, Some(380)), None);
     let over = over_budget(381, Some(380)).expect("381 is over 380");
     assert!(over.contains("381") && over.contains("380") && over.contains("remove 1"));
+}
+
+/// The committed listings are what `cargo xtask api` writes: one per product crate, a header
+/// whose count is the number of counted lines, sorted, no repeats. (Whether they match the
+/// code is `cargo xtask api --check`, which needs rustdoc.)
+#[test]
+fn committed_listings_are_well_formed() {
+    let dir = crate::project_root().join(super::API_DIR);
+    for package in PRODUCT_CRATES {
+        let path = dir.join(format!("{package}.txt"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run `cargo xtask api`)", path.display()));
+        let mut lines = text.lines();
+        let header = lines.next().unwrap_or_default();
+        let body: Vec<&str> = lines.collect();
+        let counted = body.iter().filter(|l| !l.starts_with("use ")).count();
+        let stated: Option<usize> = header
+            .strip_prefix("# ")
+            .and_then(|h| h.split_once(' '))
+            .and_then(|(n, _)| n.parse().ok());
+        assert_eq!(stated, Some(counted), "{package}: header `{header}`");
+        let mut sorted = body.clone();
+        sorted.sort_by_cached_key(|l| order_key(l));
+        sorted.dedup();
+        assert_eq!(sorted, body, "{package}: lines out of order or repeated");
+        assert!(
+            body.iter().all(|l| l.split_once(' ').is_some()),
+            "{package}: a line without a kind"
+        );
+    }
 }
