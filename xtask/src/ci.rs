@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use xshell::{Cmd, Shell, cmd};
 
-use crate::{project_root, services, step, tidy};
+use crate::{api, project_root, services, step, tidy};
 
 /// Crates that must never enter bucket4rs-core's normal dependency closure: the core is
 /// `no_std`, pure and dependency-free apart from the optional `serde`.
@@ -87,6 +87,9 @@ pub(crate) fn ci(sh: &Shell) -> Result<()> {
         "cargo clippy --workspace --all-targets --all-features -- -D warnings"
     )
     .run()?;
+
+    // Right after clippy: a change of the public surface must come with its listing.
+    api::check(sh)?;
 
     test(sh)?;
 

@@ -16,6 +16,14 @@ xflags::xflags! {
         cmd check-deps {}
         /// Check workspace conventions (lints inheritance, changelogs, test hygiene, traces).
         cmd tidy {}
+        /// List every public item of each product crate in `docs/api/<package>.txt` (one
+        /// line per item, re-exports of other crates as uncounted `use` lines) and print the
+        /// counts. Reads rustdoc JSON, made on stable with RUSTC_BOOTSTRAP=1 in `target/api`.
+        cmd api {
+            /// Write nothing: compare with the committed listings, print the lines that
+            /// differ, and fail if any does (or if the total exceeds the budget).
+            optional --check
+        }
         /// Run the criterion benchmarks and the memory figures, then write
         /// `target/bench-report/index.html` and `report.md` (honours CARGO_TARGET_DIR).
         cmd bench {

@@ -3,6 +3,7 @@
 //! Every task runs from the workspace root, whatever the current directory. Each command it
 //! runs is echoed first, so the log says what was done.
 
+mod api;
 mod bench;
 mod ci;
 mod flags;
@@ -39,6 +40,8 @@ fn run(flags: flags::Xtask) -> Result<()> {
         ),
         flags::XtaskCmd::Loom(_) => ci::loom(&sh),
         flags::XtaskCmd::CheckDeps(_) => ci::check_deps(&sh),
+        flags::XtaskCmd::Api(a) if a.check => api::check(&sh),
+        flags::XtaskCmd::Api(_) => api::write(&sh),
         flags::XtaskCmd::Tidy(_) => {
             tidy::check(&project_root())?;
             println!("tidy: ok");
