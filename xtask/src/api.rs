@@ -766,7 +766,7 @@ fn render(surface: &Surface, all: &[Surface]) -> Rendered {
     reexports.sort();
     reexports.dedup();
 
-    let counts = (items.len(), reexports.len());
+    let counts = (items.iter().filter(|l| counted(l)).count(), reexports.len());
     let mut lines = items;
     lines.extend(reexports);
     lines.sort_by_cached_key(|l| order_key(l));
@@ -778,10 +778,23 @@ fn render(surface: &Surface, all: &[Surface]) -> Rendered {
     }
 }
 
+/// The kinds of line that are listed but not counted: the members of a type or trait that
+/// come with it (enum variants, public fields, trait items). What is counted is what a user
+/// can name and call on its own: modules, types, traits, functions, constants, statics,
+/// macros, and inherent methods and associated consts.
+const LISTED_NOT_COUNTED: [&str; 5] = ["variant", "field", "trait-fn", "trait-type", "trait-const"];
+
+/// Whether a listing line (not a `use` line) counts towards the crate's items.
+fn counted(line: &str) -> bool {
+    let kind = line.split(' ').next().unwrap_or_default();
+    !LISTED_NOT_COUNTED.contains(&kind)
+}
+
 /// The text of a listing file.
 fn listing_text(rendered: &Rendered) -> String {
     let mut text = format!(
-        "# {} public items (re-exports not counted); written by `cargo xtask api`\n",
+        "# {} public items (variants, fields, trait items and re-exports listed, not counted); \
+         written by `cargo xtask api`\n",
         rendered.items
     );
     for line in &rendered.lines {

@@ -49,6 +49,7 @@ mod replace;
 #[cfg(feature = "serde")]
 mod serde_impls;
 mod state;
+mod verbose;
 
 pub use clock::{Clock, ManualClock};
 #[cfg(feature = "std")]
@@ -60,7 +61,17 @@ pub use error::{ConfigError, OperationError};
 pub use listener::{BucketListener, NoopListener};
 pub use ops::{ConsumptionProbe, EstimationProbe};
 pub use replace::TokensInheritanceStrategy;
-pub use state::{BandwidthState, BucketState, CompactForm, CompactStop, ScaledState, StateError};
+pub use state::{BandwidthState, BucketState, StateError};
+pub use verbose::VerboseResult;
+
+/// What the other bucket4rs crates need from the core's fast forms, outside semver: the
+/// compact and scaled one-bandwidth states and the single-bandwidth planning shortcuts that
+/// local storages run before the general engine. Not for use outside bucket4rs.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::ops::{Plan, Scaled, Single, Take, plan, plan_one, plan_scaled};
+    pub use crate::state::{CompactForm, CompactStop, ScaledState};
+}
 
 /// The largest value of every wait and balance: `i64::MAX`. A wait of `MAX_NANOS` means the
 /// request can never be served (it exceeds a capacity) or would take longer than ~292 years.

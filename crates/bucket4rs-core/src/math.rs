@@ -66,6 +66,68 @@ pub(crate) fn fresh(b: &Bandwidth, t0: i64) -> BandwidthState {
     }
 }
 
+/// The earliest clock reading, at or after `now`, from which bandwidth `b` left alone in state
+/// `st` holds exactly what a fresh bandwidth created then or later would hold, refilled to the
+/// same reading — so that forgetting the state and creating it afresh changes no later answer;
+/// `None` when no such reading exists (see [`BucketState::forgettable_at`]).
+///
+/// A candidate is found per refill kind, then checked by computing both states at it: from
+/// the candidate on, both evolve identically (refill composes, and a fresh state of these kinds
+/// refilled to a later reading is the fresh state of that reading).
+///
+/// [`BucketState::forgettable_at`]: crate::BucketState::forgettable_at
+pub(crate) fn forgettable_at(b: &Bandwidth, st: BandwidthState, now: i64) -> Option<i64> {
+    let c = b.capacity;
+    let s = refill(b, st, now);
+    // Tokens above capacity never decay (section 4.2), and a fresh bandwidth never has them
+    // unless its initial tokens do, which a full one then never equals.
+    if s.tokens > c || (s.tokens == c && s.remainder != 0) {
+        return None;
+    }
+    let full = if s.tokens == c {
+        now
+    } else {
+        let wait = reset_wait(b, &s, now);
+        if wait == MAX {
+            return None;
+        }
+        now.checked_add(wait)?
+    };
+    let initial = b.initial_tokens.unwrap_or(c);
+    let candidate = match b.kind {
+        // A fresh interval bandwidth starts its own grid at its creation: a kept one keeps
+        // the old grid, so forgetting it moves every later refill.
+        RefillKind::Intervally => return None,
+        RefillKind::Greedy => {
+            if initial != c {
+                return None;
+            }
+            // Refill does nothing before a last refill in the future.
+            full.max(s.last_refill)
+        }
+        RefillKind::IntervallyAligned {
+            first_refill_nanos: f,
+            adaptive_initial_tokens,
+        } => {
+            // A fresh aligned bandwidth holds its initial tokens (or the adaptive amount,
+            // which is the capacity from the first refill on) and gains T per period from
+            // F − P: full from the period that covers the shortfall.
+            let fresh_full = if adaptive_initial_tokens {
+                f
+            } else if initial > c {
+                return None;
+            } else {
+                let (p, t) = (b.refill_period as i128, b.refill_tokens as i128);
+                let periods = div_ceil((c - initial) as i128, t);
+                i64::try_from(f as i128 - p + periods * p).ok()?
+            };
+            full.max(fresh_full)
+        }
+    };
+    let kept = refill(b, s, candidate);
+    (kept == refill(b, fresh(b, candidate), candidate)).then_some(candidate)
+}
+
 /// Refills `st` to clock reading `t` (section 4.1).
 ///
 /// The common case runs in 64-bit arithmetic only: a difference `b - a` of two `i64` values

@@ -67,6 +67,20 @@ impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
         }
     }
 
+    /// The configuration the view's state belongs to.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let state = BucketState::new(&config, 0);
+    /// assert_eq!(Refilled::new(&config, 0, |i| state.bandwidths()[i]).configuration(), &config);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn configuration(&self) -> &'a BucketConfiguration {
+        self.config
+    }
+
     /// The clock reading the view is refilled to.
     ///
     /// ```
@@ -297,11 +311,13 @@ pub trait Operation {
 
     /// Whether [`plan_single`](Operation::plan_single) is implemented (a compile-time switch,
     /// so operations without a shortcut pay nothing for it).
+    #[doc(hidden)]
     const HAS_SINGLE: bool = false;
 
     /// A shortcut for a bucket with a single bandwidth `b` whose refilled state is `s`: the
     /// same result as [`plan`](Operation::plan), computed directly, with the new state when it
     /// changes. `None` (the default) means "use `plan`".
+    #[doc(hidden)]
     #[inline]
     fn plan_single(
         &self,
@@ -314,7 +330,7 @@ pub trait Operation {
 
     /// For an operation that takes a fixed number of tokens when the bucket has them and
     /// nothing otherwise (`try_consume`): that number and its output either way. A compact
-    /// one-bandwidth bucket ([`CompactForm`](crate::CompactForm)) runs such an operation as the GCRA's step, with
+    /// one-bandwidth bucket (the core's compact form) runs such an operation as the GCRA's step, with
     /// the fewest operations between the clock reading and the compare-and-swap. `None` (the
     /// default): not such an operation. It must agree with [`plan`](Operation::plan).
     ///
@@ -323,18 +339,21 @@ pub trait Operation {
     /// let take = TryConsume(3).take().expect("try_consume takes");
     /// assert_eq!((take.tokens, take.taken, take.refused), (Ok(3), true, false));
     /// ```
+    #[doc(hidden)]
     #[inline]
     fn take(&self) -> Option<Take<Self::Output>> {
         None
     }
 
     /// Whether [`plan_scaled`](Operation::plan_scaled) is implemented (a compile-time switch).
+    #[doc(hidden)]
     const HAS_SCALED: bool = false;
 
     /// A shortcut on the scaled form of a single greedy bandwidth `b` whose refilled state is
-    /// `s` (see [`ScaledState`]): the same result as [`plan_single`](Operation::plan_single),
+    /// `s` (see `ScaledState`): the same result as [`plan_single`](Operation::plan_single),
     /// computed without division. `None` (the default, or when a value does not fit) means
     /// "decode and use `plan_single`".
+    #[doc(hidden)]
     #[inline]
     fn plan_scaled(&self, _b: &Bandwidth, _s: ScaledState) -> Option<Scaled<Self::Output>> {
         None
@@ -342,9 +361,11 @@ pub trait Operation {
 }
 
 /// The result of [`Operation::plan_single`]: the output and the new state, if it changed.
+#[doc(hidden)]
 pub type Single<T> = Result<(T, Option<BandwidthState>), OperationError>;
 
 /// The result of [`Operation::plan_scaled`]: the output and the new scaled state, if it changed.
+#[doc(hidden)]
 pub type Scaled<T> = Result<(T, Option<ScaledState>), OperationError>;
 
 /// An operation's decision, made on a refilled view and not yet written anywhere.
@@ -365,6 +386,7 @@ pub type Scaled<T> = Result<(T, Option<ScaledState>), OperationError>;
 /// assert!(plan.into_output());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[doc(hidden)]
 #[derive(Debug)]
 pub struct Plan<'a, R, T> {
     output: T,
@@ -452,6 +474,7 @@ impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
 /// assert!(ops::plan(&ops::TryConsume(0), &config, 0, |i| state.bandwidths()[i]).is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[doc(hidden)]
 #[inline]
 pub fn plan<'a, O, R>(
     op: &O,
@@ -494,6 +517,7 @@ where
 /// assert!(ops::plan_one(&ops::Reset, &config, 0, || state.bandwidths()[0]).is_none());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[doc(hidden)]
 #[inline]
 pub fn plan_one<O, R>(
     op: &O,
@@ -521,7 +545,7 @@ where
 /// [`plan_one`] then.
 ///
 /// ```
-/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ScaledState, ops};
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops}; use bucket4rs_core::__private::{ScaledState};
 /// # use core::time::Duration;
 /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let b = &config.bandwidths()[0];
@@ -531,6 +555,7 @@ where
 /// assert_eq!(new.map(|s| s.to_state(b).tokens()), Some(7));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[doc(hidden)]
 #[inline]
 pub fn plan_scaled<O>(op: &O, b: &Bandwidth, now: i64, s: ScaledState) -> Option<Scaled<O::Output>>
 where
@@ -548,6 +573,7 @@ where
 /// # use bucket4rs_core::{OperationError, ops::{Operation, TryConsume}};
 /// assert_eq!(TryConsume(0).take().map(|t| t.tokens), Some(Err(OperationError::ZeroTokens)));
 /// ```
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Take<T> {
     /// The tokens taken, or why the request is invalid.
@@ -1196,14 +1222,14 @@ impl Operation for Reserve {
 /// let mut state = BucketState::new(&config, 0);
 /// let (consumed, after) = state.apply(&config, 0, &Verbose(TryConsume(3)))?;
 /// assert!(consumed);
-/// assert_eq!(after[0].tokens(), 7);
+/// assert_eq!(after.bandwidths()[0].tokens(), 7);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Verbose<O>(pub O);
 
 impl<O: Operation> Operation for Verbose<O> {
-    type Output = (O::Output, alloc::vec::Vec<BandwidthState>);
+    type Output = (O::Output, crate::BucketState);
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
         view: &Refilled<'_, R>,
@@ -1218,7 +1244,8 @@ impl<O: Operation> Operation for Verbose<O> {
                 Some(m) => m.apply(b, view.get(i)),
                 None => view.get(i),
             })
-            .collect();
+            .collect::<crate::state::Bandwidths>();
+        let after = crate::BucketState::from_inline(after);
         Ok(((out, after), mutation))
     }
     fn notify<L: BucketListener + ?Sized>(&self, output: &Self::Output, listener: &L) {

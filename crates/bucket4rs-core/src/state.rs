@@ -97,6 +97,7 @@ impl BandwidthState {
     /// assert_eq!(BandwidthState::from_parts(7, i64::MAX, 0).scaled_balance(&b), None);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(hidden)]
     #[inline]
     pub fn scaled_balance(&self, b: &Bandwidth) -> Option<i64> {
         let (q, e) = (b.remainder_quantum, self.remainder);
@@ -124,6 +125,7 @@ impl BandwidthState {
     /// assert_eq!(BandwidthState::from_scaled_balance(&b, 0, -250), BandwidthState::from_parts(0, -3, 50));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(hidden)]
     #[inline]
     pub fn from_scaled_balance(b: &Bandwidth, last_refill_nanos: i64, scaled: i64) -> Self {
         let (tokens, units) = if scaled >= 0 {
@@ -152,7 +154,7 @@ impl BandwidthState {
 /// buckets keep it in one 128-bit atomic.
 ///
 /// ```
-/// # use bucket4rs_core::{Bandwidth, BandwidthState, ScaledState};
+/// # use bucket4rs_core::{Bandwidth, BandwidthState}; use bucket4rs_core::__private::{ScaledState};
 /// # use core::time::Duration;
 /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
 /// let s = ScaledState::from_state(&b, BandwidthState::from_parts(0, 4, 0)).expect("fits");
@@ -160,6 +162,7 @@ impl BandwidthState {
 /// assert_eq!(s.last_refill_nanos(), 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ScaledState {
     last_refill: i64,
@@ -170,7 +173,7 @@ impl ScaledState {
     /// A scaled state from its parts.
     ///
     /// ```
-    /// # use bucket4rs_core::ScaledState;
+    /// # use bucket4rs_core::__private::ScaledState;
     /// let s = ScaledState::new(5, -7);
     /// assert_eq!((s.last_refill_nanos(), s.balance()), (5, -7));
     /// ```
@@ -185,7 +188,7 @@ impl ScaledState {
     /// ([`BandwidthState::scaled_balance`]).
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth, BandwidthState, ScaledState};
+    /// # use bucket4rs_core::{Bandwidth, BandwidthState}; use bucket4rs_core::__private::{ScaledState};
     /// # use core::time::Duration;
     /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
     /// assert!(ScaledState::from_state(&b, BandwidthState::from_parts(0, 1, 0)).is_some());
@@ -200,7 +203,7 @@ impl ScaledState {
     /// The three-field state of bandwidth `b` this one encodes.
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth, BandwidthState, ScaledState};
+    /// # use bucket4rs_core::{Bandwidth, BandwidthState}; use bucket4rs_core::__private::{ScaledState};
     /// # use core::time::Duration;
     /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
     /// // 10 tokens a second: remainders are multiples of gcd(10, 10^9) = 10 ns, so a token
@@ -216,7 +219,7 @@ impl ScaledState {
     /// Clock reading of the last refill.
     ///
     /// ```
-    /// # use bucket4rs_core::ScaledState;
+    /// # use bucket4rs_core::__private::ScaledState;
     /// assert_eq!(ScaledState::new(9, 0).last_refill_nanos(), 9);
     /// ```
     pub const fn last_refill_nanos(self) -> i64 {
@@ -226,7 +229,7 @@ impl ScaledState {
     /// The balance in scaled units.
     ///
     /// ```
-    /// # use bucket4rs_core::ScaledState;
+    /// # use bucket4rs_core::__private::ScaledState;
     /// assert_eq!(ScaledState::new(0, 42).balance(), 42);
     /// ```
     pub const fn balance(self) -> i64 {
@@ -247,7 +250,7 @@ impl ScaledState {
 /// bandwidth, so [`plan`](Self::plan) reads no configuration.
 ///
 /// ```
-/// # use bucket4rs_core::{Bandwidth, CompactForm, ScaledState};
+/// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::__private::{CompactForm, ScaledState};
 /// # use core::time::Duration;
 /// // 10 tokens per second: a token is 10^8 units, and the rate 1 unit per nanosecond.
 /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
@@ -261,6 +264,7 @@ impl ScaledState {
 /// assert_eq!(form.encode(ScaledState::new(0, 11 * 100_000_000)), None);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CompactForm {
     base: i64,
@@ -276,7 +280,7 @@ impl CompactForm {
     /// `None` for interval refills and for a capacity whose scaled form does not fit `i64`.
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth, CompactForm};
+    /// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::__private::{CompactForm};
     /// # use core::time::Duration;
     /// let interval = Bandwidth::builder().capacity(5).refill_intervally(5, Duration::from_secs(1)).build()?;
     /// assert_eq!(CompactForm::new(&interval, 0), None);
@@ -300,7 +304,7 @@ impl CompactForm {
     /// The reading values count from.
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth, CompactForm}; use core::time::Duration;
+    /// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::__private::{CompactForm}; use core::time::Duration;
     /// let b = Bandwidth::simple(1, Duration::from_secs(1))?;
     /// assert_eq!(CompactForm::new(&b, 7).expect("greedy").base(), 7);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -313,7 +317,7 @@ impl CompactForm {
     /// for a balance above capacity or a value beyond `i64`.
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth, CompactForm, ScaledState}; use core::time::Duration;
+    /// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::__private::{CompactForm, ScaledState}; use core::time::Duration;
     /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
     /// let form = CompactForm::new(&b, 0).expect("greedy");
     /// assert_eq!(form.encode(ScaledState::new(5, 1_000_000_000)), Some(5)); // full at 5
@@ -338,7 +342,7 @@ impl CompactForm {
     /// balance below `i64::MIN` (a reading absurdly far back) saturates there.
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth, CompactForm, ScaledState}; use core::time::Duration;
+    /// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::__private::{CompactForm, ScaledState}; use core::time::Duration;
     /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
     /// let form = CompactForm::new(&b, 0).expect("greedy");
     /// let u = form.encode(ScaledState::new(0, 0)).expect("fits");
@@ -372,7 +376,7 @@ impl CompactForm {
     /// `i64`: decode and plan then.
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth, CompactForm, ScaledState, ops::TryConsume};
+    /// # use bucket4rs_core::{Bandwidth, ops::TryConsume}; use bucket4rs_core::__private::{CompactForm, ScaledState};
     /// # use core::time::Duration;
     /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
     /// let form = CompactForm::new(&b, 0).expect("greedy");
@@ -423,13 +427,14 @@ impl CompactForm {
 /// Why [`CompactForm::plan`] gave no result.
 ///
 /// ```
-/// # use bucket4rs_core::{Bandwidth, CompactForm, CompactStop, OperationError, ops};
+/// # use bucket4rs_core::{Bandwidth, OperationError, ops}; use bucket4rs_core::__private::{CompactForm, CompactStop};
 /// # use core::time::Duration;
 /// let form = CompactForm::new(&Bandwidth::simple(10, Duration::from_secs(1))?, 0).expect("greedy");
 /// assert_eq!(form.plan(&ops::TryConsume(0), 0, 0), Err(CompactStop::Invalid(OperationError::ZeroTokens)));
 /// assert_eq!(form.plan(&ops::Reset, 0, 0), Err(CompactStop::Decline));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CompactStop {
     /// The operation's input is invalid; nothing changes.
@@ -528,6 +533,9 @@ pub struct BucketState {
 /// 1,000,000 keys capped at 100,000, peak memory 37 MiB against 30 MiB with one).
 const INLINE_BANDWIDTHS: usize = 1;
 
+/// A state's bandwidth list, inline up to [`INLINE_BANDWIDTHS`].
+pub(crate) type Bandwidths = SmallVec<[BandwidthState; INLINE_BANDWIDTHS]>;
+
 impl BucketState {
     /// The state of a bucket built at clock reading `now`.
     ///
@@ -545,6 +553,11 @@ impl BucketState {
                 .map(|b| math::fresh(b, now))
                 .collect(),
         }
+    }
+
+    /// A state from a list already inline (the core's own constructions).
+    pub(crate) fn from_inline(bandwidths: Bandwidths) -> Self {
+        Self { bandwidths }
     }
 
     /// A state from raw per-bandwidth states (for restoring snapshots).
@@ -618,6 +631,49 @@ impl BucketState {
             }
         }
         Ok(())
+    }
+
+    /// The earliest clock reading, at or after `now`, from which this state — left alone —
+    /// answers every operation exactly as a bucket created afresh from `config` at that
+    /// reading or later would. From then on a store may forget the state: recreating it on the
+    /// next request changes no answer. `None` when that never happens, and the state must be
+    /// kept to stay exact.
+    ///
+    /// A state becomes forgettable when every bandwidth is exactly full and a fresh one would
+    /// be too: a greedy bandwidth whose initial tokens are its capacity, once refilled to it;
+    /// an aligned interval bandwidth, once full on its fixed grid and past the periods a fresh
+    /// one needs to fill up. Never for an interval bandwidth (a fresh one would start a new
+    /// refill grid), initial tokens below capacity on a greedy bandwidth (a fresh bucket would
+    /// start short), or tokens above capacity (they never decay). The answer assumes the
+    /// bucket would be recreated from the same `config`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// let config = BucketConfiguration::builder()
+    ///     .add_limit(Bandwidth::simple(10, Duration::from_secs(10))?) // one token a second
+    ///     .build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// assert_eq!(state.forgettable_at(&config, 0), Some(0)); // full, like a fresh bucket
+    /// state.try_consume(&config, 0, 3)?;
+    /// assert_eq!(state.forgettable_at(&config, 0), Some(3_000_000_000)); // full again at 3 s
+    ///
+    /// let short = BucketConfiguration::builder()
+    ///     .add_limit(Bandwidth::builder().capacity(10).refill_greedy(10, Duration::from_secs(10)).initial_tokens(0).build()?)
+    ///     .build()?;
+    /// assert_eq!(BucketState::new(&short, 0).forgettable_at(&short, 60_000_000_000), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn forgettable_at(&self, config: &BucketConfiguration, now: i64) -> Option<i64> {
+        let bandwidths = config.bandwidths();
+        if bandwidths.len() != self.bandwidths.len() {
+            return None;
+        }
+        let mut at = now;
+        for (b, s) in bandwidths.iter().zip(self.bandwidths.iter()) {
+            at = at.max(math::forgettable_at(b, *s, now)?);
+        }
+        // Each bandwidth stays forgettable from its own reading on, so from the latest too.
+        Some(at)
     }
 
     /// Runs any [`Operation`] on this state in place. The typed methods below are shorthands.

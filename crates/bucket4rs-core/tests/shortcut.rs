@@ -5,14 +5,12 @@
 
 use core::time::Duration;
 
+use bucket4rs_core::__private::{CompactForm, CompactStop, ScaledState};
 use bucket4rs_core::ops::{
     AvailableTokens, EstimateAbilityToConsume, Operation, Refilled, TryConsume,
     TryConsumeAndReturnRemaining,
 };
-use bucket4rs_core::{
-    Bandwidth, BandwidthState, BucketConfiguration, CompactForm, CompactStop, OperationError,
-    RefillKind, ScaledState,
-};
+use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, OperationError, RefillKind};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
@@ -131,7 +129,8 @@ fn shortcut<O: Operation>(
     s: BandwidthState,
     now: i64,
 ) -> Outcome<O::Output> {
-    bucket4rs_core::ops::plan_one(op, c, now, || s).expect("every operation here has a shortcut")
+    bucket4rs_core::__private::plan_one(op, c, now, || s)
+        .expect("every operation here has a shortcut")
 }
 
 fn same<O: Operation>(
@@ -194,7 +193,7 @@ proptest! {
         let s = scaled.to_state(b);
         prop_assert_eq!(ScaledState::from_state(b, s), Some(scaled));
         let op = TryConsume(n);
-        match bucket4rs_core::ops::plan_scaled(&op, b, now, scaled) {
+        match bucket4rs_core::__private::plan_scaled(&op, b, now, scaled) {
             Some(fast) => {
                 let fast = fast.map(|(out, new)| (out, new.map(|new| new.to_state(b))));
                 prop_assert_eq!(fast, shortcut(&op, &c, s, now));
@@ -220,15 +219,18 @@ fn the_shortcut_is_taken_only_for_one_bandwidth() {
         .build()
         .expect("valid");
     let s = BandwidthState::from_parts(0, 5, 0);
-    assert!(bucket4rs_core::ops::plan_one(&TryConsume(1), &two, 0, || s).is_none());
+    assert!(bucket4rs_core::__private::plan_one(&TryConsume(1), &two, 0, || s).is_none());
     let single = BucketConfiguration::builder()
         .add_limit(one)
         .build()
         .expect("valid");
-    assert!(bucket4rs_core::ops::plan_one(&TryConsume(1), &single, 0, || s).is_some());
+    assert!(bucket4rs_core::__private::plan_one(&TryConsume(1), &single, 0, || s).is_some());
     // An operation without a shortcut never reads the state.
     let read = || -> BandwidthState { panic!("must not be read") };
-    assert!(bucket4rs_core::ops::plan_one(&bucket4rs_core::ops::Reset, &single, 0, read).is_none());
+    assert!(
+        bucket4rs_core::__private::plan_one(&bucket4rs_core::ops::Reset, &single, 0, read)
+            .is_none()
+    );
 }
 
 /// A balance of `b` in scaled units: anything, or near 0, or near the capacity.

@@ -51,11 +51,11 @@ pub use storage::{
     AnyStorage, LockFree, NewStorage, Storage, SynchronizationStrategy, Synchronized,
     UnknownStrategy, Unsynchronized,
 };
-pub use verbose::{VerboseBucket, VerboseResult};
+pub use verbose::VerboseBucket;
 
 pub use bucket4rs_core::{
     Bandwidth, BandwidthBuilder, BucketConfiguration, BucketListener, BucketState, Clock,
     ConfigError, ConsumptionProbe, EstimationProbe, ManualClock, MonotonicClock, NoopListener,
     OperationError, RefillKind, StateError, SystemMillisClock, SystemNanosClock,
-    TokensInheritanceStrategy,
+    TokensInheritanceStrategy, VerboseResult,
 };

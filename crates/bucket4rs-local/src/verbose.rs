@@ -1,129 +1,36 @@
-//! Verbose results: each answer together with the configuration and a diagnostics snapshot.
+//! The verbose view of a bucket: every operation's answer together with the configuration, the
+//! state it left and the reading it ran at ([`VerboseResult`], shared with the distributed
+//! buckets).
 
 use core::time::Duration;
 
-use bucket4rs_core::ops::{self, Operation, Refilled};
+use bucket4rs_core::ops::{self, Operation};
 use bucket4rs_core::{
-    BandwidthState, BucketConfiguration, BucketListener, Clock, ConsumptionProbe, EstimationProbe,
-    OperationError,
+    BucketListener, Clock, ConsumptionProbe, EstimationProbe, OperationError, VerboseResult,
 };
 
 use crate::bucket::Bucket;
 use crate::storage::Storage;
 
-/// A result with the configuration it was computed under and the state right after it.
+/// The verbose view of a [`Bucket`] ([`Bucket::as_verbose`]): the same operations, each
+/// answering a [`VerboseResult`] with the configuration, the state after the operation and its
+/// reading, from which the diagnostics (tokens per bandwidth, time until full) are read. Costs
+/// more than the plain API (the configuration and state are copied out), so use it where the
+/// answer needs them, as for rate-limit response headers.
 ///
 /// ```
-/// # use bucket4rs_local::Bucket; use std::time::Duration;
-/// let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
-/// let r = bucket.as_verbose().try_consume_and_return_remaining(1)?;
-/// assert_eq!(r.value().remaining_tokens(), 3);
-/// assert_eq!(r.configuration().bandwidths()[0].capacity(), 4);
-/// assert_eq!(r.state()[0].tokens(), 3);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VerboseResult<T> {
-    value: T,
-    configuration: BucketConfiguration,
-    state: Vec<BandwidthState>,
-    now_nanos: i64,
-}
-
-impl<T> VerboseResult<T> {
-    /// The operation's result.
-    ///
-    /// ```
-    /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
-    /// assert_eq!(*bucket.as_verbose().available_tokens().value(), 4);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn value(&self) -> &T {
-        &self.value
-    }
-    /// Unwraps the result.
-    ///
-    /// ```
-    /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
-    /// assert_eq!(bucket.as_verbose().available_tokens().into_value(), 4);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn into_value(self) -> T {
-        self.value
-    }
-    /// The configuration the operation ran under.
-    ///
-    /// ```
-    /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
-    /// assert_eq!(bucket.as_verbose().available_tokens().configuration(), &bucket.configuration());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn configuration(&self) -> &BucketConfiguration {
-        &self.configuration
-    }
-    /// Per-bandwidth state right after the operation, refilled to its clock reading.
-    ///
-    /// ```
-    /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
-    /// assert_eq!(bucket.as_verbose().available_tokens().state().len(), 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn state(&self) -> &[BandwidthState] {
-        &self.state
-    }
-    /// The clock reading the operation ran at.
-    ///
-    /// ```
-    /// # use bucket4rs_local::{Bucket, ManualClock}; use std::time::Duration;
-    /// let bucket = Bucket::builder()
-    ///     .add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4)))
-    ///     .with_clock(ManualClock::new(42)).build()?;
-    /// assert_eq!(bucket.as_verbose().available_tokens().now_nanos(), 42);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn now_nanos(&self) -> i64 {
-        self.now_nanos
-    }
-    /// Tokens of each bandwidth, in configuration order.
-    ///
-    /// ```
-    /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// let bucket = Bucket::builder()
-    ///     .add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4)))
-    ///     .add_limit(|l| l.capacity(9).refill_greedy(9, Duration::from_secs(60)))
-    ///     .build()?;
-    /// assert_eq!(bucket.as_verbose().try_consume(1)?.available_tokens_per_bandwidth(), vec![3, 8]);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn available_tokens_per_bandwidth(&self) -> Vec<i64> {
-        self.state.iter().map(BandwidthState::tokens).collect()
-    }
-    /// Time until every bandwidth is full again.
-    ///
-    /// ```
-    /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
-    /// assert_eq!(bucket.as_verbose().try_consume(2)?.time_until_full(), Duration::from_secs(2));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn time_until_full(&self) -> Duration {
-        let s = &self.state;
-        let view = Refilled::new(&self.configuration, self.now_nanos, |i| s[i]);
-        Duration::from_nanos(view.reset_wait(0))
-    }
-}
-
-/// The verbose view of a bucket (see [`Bucket::as_verbose`]).
+/// use bucket4rs_local::Bucket;
+/// use std::time::Duration;
 ///
-/// ```
-/// # use bucket4rs_local::Bucket; use std::time::Duration;
-/// let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
+/// let bucket = Bucket::builder()
+///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+///     .build()?;
 /// let verbose = bucket.as_verbose();
-/// assert_eq!(verbose.try_consume_as_much_as_possible().into_value(), 4);
+/// let r = verbose.try_consume(4)?;
+/// assert!(*r.value());
+/// assert_eq!(r.available_tokens_per_bandwidth(), [6]);
+/// verbose.add_tokens(1)?;
+/// assert_eq!(verbose.available_tokens().into_value(), 7);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
@@ -136,54 +43,48 @@ impl<'a, S: Storage, C: Clock, L: BucketListener> VerboseBucket<'a, S, C, L> {
         Self { bucket }
     }
 
-    /// Runs any core operation verbosely.
+    /// Runs any core [`Operation`] verbosely (the typed methods below are shorthands).
     ///
     /// # Errors
-    /// The operation's error.
+    /// The operation's [`OperationError`]; nothing changes then.
     ///
     /// ```
     /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// use bucket4rs_core::ops::AddTokens;
-    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
-    /// let r = bucket.as_verbose().execute(AddTokens(1))?;
-    /// assert_eq!(r.available_tokens_per_bandwidth(), vec![4]);
+    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// let r = bucket.as_verbose().execute(bucket4rs_core::ops::TryConsume(3))?;
+    /// assert_eq!(r.available_tokens(), 7);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn execute<O: Operation>(&self, op: O) -> Result<VerboseResult<O::Output>, OperationError> {
-        let ((value, state), configuration, now_nanos) =
-            self.bucket.run_verbose(ops::Verbose(op))?;
-        Ok(VerboseResult {
-            value,
-            configuration,
-            state,
-            now_nanos,
-        })
+        let ((value, state), configuration, now) = self.bucket.run_verbose(ops::Verbose(op))?;
+        Ok(VerboseResult::new(value, configuration, state, now))
     }
 
-    /// Verbose [`Bucket::try_consume`].
+    /// [`Bucket::try_consume`], verbosely.
     ///
     /// # Errors
     /// [`OperationError::ZeroTokens`].
     ///
     /// ```
     /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
-    /// assert!(bucket.as_verbose().try_consume(4)?.into_value());
+    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// assert!(*bucket.as_verbose().try_consume(10)?.value());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn try_consume(&self, tokens: u64) -> Result<VerboseResult<bool>, OperationError> {
         self.execute(ops::TryConsume(tokens))
     }
 
-    /// Verbose [`Bucket::try_consume_and_return_remaining`].
+    /// [`Bucket::try_consume_and_return_remaining`], verbosely.
     ///
     /// # Errors
     /// [`OperationError::ZeroTokens`].
     ///
     /// ```
     /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
-    /// assert!(bucket.as_verbose().try_consume_and_return_remaining(4)?.value().is_consumed());
+    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// let r = bucket.as_verbose().try_consume_and_return_remaining(3)?;
+    /// assert_eq!(r.value().remaining_tokens(), 7);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn try_consume_and_return_remaining(
@@ -193,15 +94,15 @@ impl<'a, S: Storage, C: Clock, L: BucketListener> VerboseBucket<'a, S, C, L> {
         self.execute(ops::TryConsumeAndReturnRemaining(tokens))
     }
 
-    /// Verbose [`Bucket::estimate_ability_to_consume`].
+    /// [`Bucket::estimate_ability_to_consume`], verbosely.
     ///
     /// # Errors
     /// [`OperationError::ZeroTokens`].
     ///
     /// ```
     /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
-    /// assert!(bucket.as_verbose().estimate_ability_to_consume(4)?.value().can_be_consumed());
+    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// assert!(bucket.as_verbose().estimate_ability_to_consume(10)?.value().can_be_consumed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn estimate_ability_to_consume(
@@ -211,46 +112,103 @@ impl<'a, S: Storage, C: Clock, L: BucketListener> VerboseBucket<'a, S, C, L> {
         self.execute(ops::EstimateAbilityToConsume(tokens))
     }
 
-    /// Verbose [`Bucket::try_consume_as_much_as_possible`].
+    /// [`Bucket::try_consume_as_much_as_possible`], verbosely.
     ///
     /// ```
     /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
-    /// assert_eq!(bucket.as_verbose().try_consume_as_much_as_possible().into_value(), 4);
+    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// assert_eq!(bucket.as_verbose().try_consume_as_much_as_possible().into_value(), 10);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn try_consume_as_much_as_possible(&self) -> VerboseResult<u64> {
-        match self.execute(ops::TryConsumeAsMuchAsPossible(None)) {
-            Ok(r) => r,
-            Err(_) => unreachable!("an unlimited consume-as-much-as-possible has no error"),
-        }
+        self.infallible(ops::TryConsumeAsMuchAsPossible(None))
     }
 
-    /// Verbose [`Bucket::available_tokens`].
+    /// [`Bucket::try_consume_as_much_as_possible_with_limit`], verbosely.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroLimit`].
     ///
     /// ```
     /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
-    /// assert_eq!(bucket.as_verbose().available_tokens().into_value(), 4);
+    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// let r = bucket.as_verbose().try_consume_as_much_as_possible_with_limit(4)?;
+    /// assert_eq!((*r.value(), r.available_tokens()), (4, 6));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume_as_much_as_possible_with_limit(
+        &self,
+        limit: u64,
+    ) -> Result<VerboseResult<u64>, OperationError> {
+        self.execute(ops::TryConsumeAsMuchAsPossible(Some(limit)))
+    }
+
+    /// [`Bucket::add_tokens`], verbosely.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// bucket.try_consume(5)?;
+    /// assert_eq!(bucket.as_verbose().add_tokens(2)?.available_tokens(), 7);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn add_tokens(&self, tokens: u64) -> Result<VerboseResult<()>, OperationError> {
+        self.execute(ops::AddTokens(tokens))
+    }
+
+    /// [`Bucket::force_add_tokens`], verbosely.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// assert_eq!(bucket.as_verbose().force_add_tokens(5)?.available_tokens(), 15);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn force_add_tokens(&self, tokens: u64) -> Result<VerboseResult<()>, OperationError> {
+        self.execute(ops::ForceAddTokens(tokens))
+    }
+
+    /// [`Bucket::reset`], verbosely.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// bucket.try_consume(10)?;
+    /// assert_eq!(bucket.as_verbose().reset().available_tokens(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset(&self) -> VerboseResult<()> {
+        self.infallible(ops::Reset)
+    }
+
+    /// [`Bucket::available_tokens`], verbosely.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// assert_eq!(bucket.as_verbose().available_tokens().into_value(), 10);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn available_tokens(&self) -> VerboseResult<i64> {
-        match self.execute(ops::AvailableTokens) {
-            Ok(r) => r,
-            Err(_) => unreachable!("available_tokens has no error"),
-        }
+        self.infallible(ops::AvailableTokens)
     }
 
-    /// Verbose [`Bucket::consume_ignoring_rate_limits`] (the value is the wait).
+    /// [`Bucket::consume_ignoring_rate_limits`], verbosely.
     ///
     /// # Errors
-    /// See [`Bucket::consume_ignoring_rate_limits`].
+    /// [`OperationError::ZeroTokens`], or [`OperationError::WaitTooLong`].
     ///
     /// ```
     /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(4).refill_greedy(4, Duration::from_secs(4))).build()?;
-    /// let r = bucket.as_verbose().consume_ignoring_rate_limits(5)?;
-    /// assert_eq!(*r.value(), Duration::from_secs(1));
+    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// let r = bucket.as_verbose().consume_ignoring_rate_limits(15)?;
+    /// assert_eq!((*r.value(), r.available_tokens()), (Duration::from_millis(500), -5));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn consume_ignoring_rate_limits(
@@ -258,11 +216,15 @@ impl<'a, S: Storage, C: Clock, L: BucketListener> VerboseBucket<'a, S, C, L> {
         tokens: u64,
     ) -> Result<VerboseResult<Duration>, OperationError> {
         let r = self.execute(ops::ConsumeIgnoringRateLimits(tokens))?;
-        Ok(VerboseResult {
-            value: Duration::from_nanos(r.value),
-            configuration: r.configuration,
-            state: r.state,
-            now_nanos: r.now_nanos,
-        })
+        Ok(r.map(Duration::from_nanos))
+    }
+
+    /// An operation that never fails (no argument to check).
+    fn infallible<O: Operation>(&self, op: O) -> VerboseResult<O::Output> {
+        match self.execute(op) {
+            Ok(r) => r,
+            // Only argument checks fail, and these operations have none.
+            Err(_) => unreachable!("an operation without arguments has no error"),
+        }
     }
 }

@@ -1,0 +1,213 @@
+//! Verbose results: an operation's value together with the bucket as the operation left it.
+
+use alloc::vec::Vec;
+use core::time::Duration;
+
+use crate::config::BucketConfiguration;
+use crate::ops::Refilled;
+use crate::state::BucketState;
+
+/// What a verbose operation returns: its value, the configuration it ran under, the state it
+/// left and the clock reading it ran at — Bucket4j's `VerboseResult`, for local and distributed
+/// buckets alike.
+///
+/// The diagnostics ([`available_tokens`](Self::available_tokens),
+/// [`available_tokens_per_bandwidth`](Self::available_tokens_per_bandwidth),
+/// [`time_until_full`](Self::time_until_full)) are computed from the state refilled to the
+/// operation's reading, so they describe the bucket at the instant of the operation.
+///
+/// ```
+/// use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
+/// use core::time::Duration;
+///
+/// let config = BucketConfiguration::builder()
+///     .add_limit(Bandwidth::simple(10, Duration::from_secs(10))?)
+///     .build()?;
+/// let mut state = BucketState::new(&config, 0);
+/// let taken = state.try_consume(&config, 0, 4)?;
+/// let result = VerboseResult::new(taken, config, state, 0);
+/// assert!(*result.value());
+/// assert_eq!(result.available_tokens(), 6);
+/// assert_eq!(result.time_until_full(), Duration::from_secs(4));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerboseResult<T> {
+    value: T,
+    configuration: BucketConfiguration,
+    state: BucketState,
+    now_nanos: i64,
+}
+
+impl<T> VerboseResult<T> {
+    /// A result: `value`, computed on `state` under `configuration` at clock reading
+    /// `now_nanos`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// let r = VerboseResult::new("x", config.clone(), BucketState::new(&config, 5), 5);
+    /// assert_eq!((*r.value(), r.now_nanos()), ("x", 5));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new(
+        value: T,
+        configuration: BucketConfiguration,
+        state: BucketState,
+        now_nanos: i64,
+    ) -> Self {
+        Self {
+            value,
+            configuration,
+            state,
+            now_nanos,
+        }
+    }
+
+    /// The operation's value.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// assert_eq!(*VerboseResult::new(7, config.clone(), BucketState::new(&config, 0), 0).value(), 7);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn value(&self) -> &T {
+        &self.value
+    }
+
+    /// The operation's value, by value.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// assert_eq!(VerboseResult::new(7, config.clone(), BucketState::new(&config, 0), 0).into_value(), 7);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn into_value(self) -> T {
+        self.value
+    }
+
+    /// The same result with its value mapped by `f`.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// let r = VerboseResult::new(7, config.clone(), BucketState::new(&config, 0), 0).map(|v| v * 2);
+    /// assert_eq!(*r.value(), 14);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> VerboseResult<U> {
+        VerboseResult {
+            value: f(self.value),
+            configuration: self.configuration,
+            state: self.state,
+            now_nanos: self.now_nanos,
+        }
+    }
+
+    /// The configuration the operation ran under.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// let r = VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 0);
+    /// assert_eq!(r.configuration(), &config);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn configuration(&self) -> &BucketConfiguration {
+        &self.configuration
+    }
+
+    /// The state the operation left (not necessarily refilled to the operation's reading: a
+    /// store may keep the state an operation that changed nothing found).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// let r = VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 0);
+    /// assert_eq!(r.state().bandwidths()[0].tokens(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn state(&self) -> &BucketState {
+        &self.state
+    }
+
+    /// The clock reading the operation ran at, in nanoseconds (Bucket4j's
+    /// `getOperationTimeNanos`).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// assert_eq!(VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 42).now_nanos(), 42);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "operation_time_nanos")]
+    pub fn now_nanos(&self) -> i64 {
+        self.now_nanos
+    }
+
+    fn view(&self) -> Refilled<'_, impl Fn(usize) -> crate::BandwidthState + '_> {
+        let b = self.state.bandwidths();
+        Refilled::new(&self.configuration, self.now_nanos, move |i| {
+            b.get(i).copied().unwrap_or_default()
+        })
+    }
+
+    /// Tokens available at the operation's reading: the minimum over the bandwidths (negative
+    /// while the bucket is in debt).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let r = VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 0);
+    /// assert_eq!(r.available_tokens(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn available_tokens(&self) -> i64 {
+        self.view().available()
+    }
+
+    /// Tokens of each bandwidth at the operation's reading, in configuration order.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
+    /// # use core::time::Duration;
+    /// let config = BucketConfiguration::builder()
+    ///     .add_limit(Bandwidth::simple(10, Duration::from_secs(1))?)
+    ///     .add_limit(Bandwidth::simple(100, Duration::from_secs(60))?)
+    ///     .build()?;
+    /// let r = VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 0);
+    /// assert_eq!(r.available_tokens_per_bandwidth(), [10, 100]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn available_tokens_per_bandwidth(&self) -> Vec<i64> {
+        let view = self.view();
+        (0..view.len()).map(|i| view.get(i).tokens()).collect()
+    }
+
+    /// Time from the operation's reading until every bandwidth is full again (zero when it
+    /// is; saturating at `i64::MAX` nanoseconds).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
+    /// # use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// state.try_consume(&config, 0, 5)?;
+    /// let r = VerboseResult::new((), config, state, 0);
+    /// assert_eq!(r.time_until_full(), Duration::from_millis(500));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn time_until_full(&self) -> Duration {
+        Duration::from_nanos(self.view().reset_wait(0))
+    }
+}
