@@ -2,7 +2,7 @@
 //! (`src/bin/bucket4rs-memory.rs`): same-source clocks, the textbook `Mutex<f64>` bucket,
 //! the bucket configurations, the barrier-released thread runner and a counting allocator.
 //!
-//! Run everything with `cargo xtask bench [--quick]`; see `docs/benchmarks.md`.
+//! Run everything with `cargo xtask bench [--quick]`; see `README.md` beside `Cargo.toml`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

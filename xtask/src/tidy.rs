@@ -41,8 +41,12 @@ pub(crate) fn check(root: &Path) -> Result<()> {
         problems.push("testdata/conformance: no conformance trace (*.json)".to_owned());
     }
 
+    // The crates, and the measurement programs under benches/ (the HTTP ones lived in
+    // crates/ before they moved there).
     let mut sources = Vec::new();
-    rust_files(&root.join("crates"), &mut sources)?;
+    for dir in ["crates", "benches"] {
+        rust_files(&root.join(dir), &mut sources)?;
+    }
     for file in sources {
         let text = fs::read_to_string(&file)?;
         for (i, line) in text.lines().enumerate() {

@@ -374,40 +374,6 @@ impl Args {
     }
 }
 
-/// The listening address of a measuring server that takes only `--addr HOST:PORT` (the
-/// overhead examples `header_floor` and `governor_peer`): `default` without it.
-///
-/// # Errors
-/// Any other argument, a missing value, or an invalid address.
-///
-/// ```
-/// use std::net::SocketAddr;
-/// let default: SocketAddr = "127.0.0.1:18083".parse()?;
-/// let args = ["--addr", "127.0.0.1:9"].map(String::from);
-/// assert_eq!(bookshelf::parse_addr_only(args, default)?.port(), 9);
-/// assert_eq!(bookshelf::parse_addr_only(Vec::new(), default)?, default);
-/// assert!(bookshelf::parse_addr_only(["--plans".to_owned()], default).is_err());
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub fn parse_addr_only(
-    args: impl IntoIterator<Item = String>,
-    default: SocketAddr,
-) -> Result<SocketAddr, ArgsError> {
-    let mut it = args.into_iter();
-    let mut addr = default;
-    while let Some(flag) = it.next() {
-        match (flag.as_str(), it.next()) {
-            ("--addr", Some(v)) => {
-                addr = v
-                    .parse()
-                    .map_err(|_| ArgsError(format!("--addr: {v:?} is not HOST:PORT")))?;
-            }
-            _ => return Err(ArgsError("usage: [--addr HOST:PORT]".to_owned())),
-        }
-    }
-    Ok(addr)
-}
-
 /// Reads the plans: `path`, or the shipped default.
 ///
 /// # Errors

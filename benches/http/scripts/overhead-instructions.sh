@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # The rate-limit layer's cost in the real server, in user-space instructions per request:
-# the noise-free complement of overhead.sh (docs/http-overhead.md). A manual benchmark:
+# the noise-free complement of overhead.sh (benches/README.md). A manual benchmark:
 # not run by CI or by `cargo test`.
 #
-#   cargo build --release -p bookshelf --bin bookshelf --example header_floor
-#   crates/bookshelf/scripts/overhead-instructions.sh [BINARY] [FLOOR_BINARY]
+#   cargo build --release -p bookshelf -p bucket4rs-http-benches
+#   benches/http/scripts/overhead-instructions.sh [BINARY] [FLOOR_BINARY]
+#   benches/http/scripts/overhead-instructions.sh --help     # this text
 #
 # Each side runs alone under callgrind with one tokio worker: the server with the layer
 # (bench plan, never exhausted), the same binary with `--no-limit`, and the header floor
-# (examples/header_floor.rs: the key read and the two headers with constant values, no
-# rate limiting), and, when built, examples/governor_peer.rs (PEER=: the same routes behind
+# (src/bin/header_floor.rs: the key read and the two headers with constant values, no
+# rate limiting), and, when built, src/bin/governor_peer.rs (PEER=: the same routes behind
 # tower_governor, the closest Rust peer; or another server taking `--addr`, such as
-# examples/limiter_floor.rs, the bare limiter). `wrk` warms it up, the counters are zeroed, `wrk` drives it for
-# $DURATION, and the instructions executed since are divided by the requests `wrk` counted.
+# src/bin/limiter_floor.rs, the bare limiter). `wrk` warms it up, the counters are zeroed,
+# `wrk` drives it for $DURATION, and the instructions executed since are divided by the
+# requests `wrk` counted.
 # Kernel time is not counted, and under valgrind `FastClock` reads the clock through
 # `clock_gettime` (about 90 instructions more per request than natively). The counts repeat
 # to about 0.1 % whatever else runs on the machine.
 #
 # With KEEP=DIR the callgrind dumps are kept there. With TOP=N each side's N functions of
-# largest own cost per request are printed (scripts/callgrind-self.awk), in TOP_EVENT
+# largest own cost per request are printed (callgrind-self.awk), in TOP_EVENT
 # (default Ir, or DLmr with CACHE=1: last-level data read misses, where many keys' cost is);
 # on a build with line tables (CARGO_PROFILE_RELEASE_DEBUG=line-tables-only) the functions
 # inlined into others are named too.
@@ -27,7 +29,7 @@
 # and each side's misses per request are printed: L1 instruction misses (I1mr: the 64-byte
 # lines of code fetched anew; this server's request path does not fit in a 32 KiB L1i, so
 # each line of code a request executes is one miss) and L1 data read and write misses
-# (D1mr, D1mw). docs/http-overhead.md ("Code footprint") explains why they matter here.
+# (D1mr, D1mw). They track the loss over the network better than instructions do.
 #
 # With KEYS=N every request carries the next of N client keys (common.sh, `keys_mode`).
 # Under valgrind the server answers ~2,000 requests per second, so the 3 s warm-up visits
@@ -38,7 +40,7 @@
 #
 # With REFUSED=1 only the layer's side runs, on a plans file giving `bench-key` one token per
 # hour, so that every measured request is refused (429 with its problem+json body): the
-# instructions per refused request (docs/http-overhead.md, "A path for the common case").
+# instructions per refused request.
 #
 # Needs: valgrind (callgrind_control), wrk, curl, ports 18090-18093 free.
 set -euo pipefail
@@ -46,16 +48,18 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 # shellcheck source=common.sh
 . "$(dirname "$0")/common.sh"
+usage_if_asked "$@"
+[ $# -le 2 ] || usage_error "at most two arguments: [BINARY] [FLOOR_BINARY]"
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${1:-$TARGET/release/bookshelf}
-FLOOR=${2:-$TARGET/release/examples/header_floor}
-PEER=${PEER:-$TARGET/release/examples/governor_peer}
-PLANS=$ROOT/crates/bookshelf/bench-plans.toml
+FLOOR=${2:-$TARGET/release/header_floor}
+PEER=${PEER:-$TARGET/release/governor_peer}
+PLANS=$ROOT/benches/http/bench-plans.toml
 DURATION=${DURATION:-10s}
 
 for b in "$BIN" "$FLOOR"; do
     [ -x "$b" ] || {
-        echo "no binary at $b (cargo build --release -p bookshelf --bin bookshelf --example header_floor)" >&2
+        echo "no binary at $b (cargo build --release -p bookshelf -p bucket4rs-http-benches)" >&2
         exit 1
     }
 done
@@ -65,7 +69,7 @@ FLOOR=$(realpath "$FLOOR")
 if [ -x "$PEER" ]; then
     PEER=$(realpath "$PEER")
 else
-    echo "no peer at $PEER: left out (cargo build --release -p bookshelf --example governor_peer)" >&2
+    echo "no peer at $PEER: left out (cargo build --release -p bookshelf -p bucket4rs-http-benches)" >&2
     PEER=
 fi
 for c in valgrind callgrind_control callgrind_annotate wrk curl; do

@@ -6,9 +6,9 @@
 //! instruction counts are not:
 //!
 //! ```text
-//! cargo build --release -p bookshelf --example layer_cost
-//! valgrind --tool=callgrind target/release/examples/layer_cost with 20000
-//! valgrind --tool=callgrind target/release/examples/layer_cost without 20000
+//! cargo build --release -p bucket4rs-http-benches --bin layer_cost
+//! valgrind --tool=callgrind target/release/layer_cost with 20000
+//! valgrind --tool=callgrind target/release/layer_cost without 20000
 //! ```
 //!
 //! (Each mode makes 1,000 warm-up requests first, so divide the difference by 21,000.)
@@ -30,7 +30,7 @@ fn main() {
         .nth(2)
         .and_then(|s| s.parse().ok())
         .unwrap_or(200_000);
-    let plans = bucket4rs_tower::PlanTable::from_toml(include_str!("../bench-plans.toml"))
+    let plans = bucket4rs_tower::PlanTable::from_toml(bucket4rs_http_benches::BENCH_PLANS)
         .expect("bench plans");
     let app = match mode.as_str() {
         // The layer added with `Router::layer` (per route), for comparison.

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The rate-limit layer's HTTP throughput loss, measured as docs/http-overhead.md ("How to
-# measure it fairly") describes. A manual benchmark: not run by CI or by `cargo test`.
+# The rate-limit layer's HTTP throughput loss, measured as benches/README.md ("HTTP
+# overhead") describes. A manual benchmark: not run by CI or by `cargo test`.
 #
-#   cargo build --release -p bookshelf
-#   crates/bookshelf/scripts/overhead.sh [ROUNDS] [BINARY] [BASELINE_BINARY]
+#   cargo build --release -p bookshelf -p bucket4rs-http-benches
+#   benches/http/scripts/overhead.sh [ROUNDS] [BINARY] [BASELINE_BINARY]
+#   benches/http/scripts/overhead.sh --help     # this text
 #
 # Two servers of the same binary run pinned to core 0 with one tokio worker: one with the
 # layer (bench plan, never exhausted, so every request takes the full allowed path) and one
@@ -12,21 +13,24 @@
 # then the median and quartiles of the loss, the median req/s and server CPU per request of
 # each side, and the load before and after. With BASELINE_BINARY (e.g. an older build), a
 # third server runs that binary with the layer in the same rounds, compared with the same
-# `without` side. With FLOOR=path (examples/header_floor: the key read and the two headers
+# `without` side. With FLOOR=path (target/release/header_floor: the key read and the two headers
 # with constant values, no rate limiting), a fourth server runs it in the same rounds: the
 # cost of sending the headers at all.
 #
 # Needs: wrk, taskset, nice -n -15 (root, or drop NICE below), ports 18080-18082 free.
 set -euo pipefail
 
-ROUNDS=${1:-16}
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 # shellcheck source=common.sh
 . "$(dirname "$0")/common.sh"
+usage_if_asked "$@"
+[ $# -le 3 ] || usage_error "at most three arguments: [ROUNDS] [BINARY] [BASELINE_BINARY]"
+ROUNDS=${1:-16}
+whole_number ROUNDS "$ROUNDS"
 BIN=${2:-${CARGO_TARGET_DIR:-$ROOT/target}/release/bookshelf}
 BASE=${3:-}
 FLOOR=${FLOOR:-}
-PLANS=$ROOT/crates/bookshelf/bench-plans.toml
+PLANS=$ROOT/benches/http/bench-plans.toml
 DURATION=${DURATION:-2s}
 NICE=${NICE:-nice -n -15}
 TICKS=$(getconf CLK_TCK)

@@ -1,7 +1,7 @@
 //! Throughput of the Redis backend next to `redis-benchmark -t incr`, in the same run.
 //!
 //! ```text
-//! cargo run --release -p bucket4rs-distributed --features redis --example redis_bench [seconds]
+//! cargo run --release -p bucket4rs-benches --features redis --example redis_bench [seconds]
 //! ```
 //!
 //! Reports ops/s and round trips per operation for 1 and 16 concurrent clients on one hot

@@ -7,17 +7,17 @@
 //! - two rate-limit headers on every allowed response (`use_headers`: `x-ratelimit-limit`
 //!   and `x-ratelimit-remaining`, governor's own, not the IETF fields);
 //! - a quota that is never reached (a burst of 10⁹, one token back every nanosecond), so
-//!   every request takes the allowed path, as with `crates/bookshelf/bench-plans.toml`.
+//!   every request takes the allowed path, as with `benches/http/bench-plans.toml`.
 //!
 //! It has no plans (one quota for every key), no per-route cost, no key cap and no idle-key
 //! eviction, so it does less than the real layer. The overhead scripts
-//! (`crates/bookshelf/scripts/overhead-paired.sh`, `PEER=`) run it beside the real layer,
+//! (`benches/http/scripts/overhead-paired.sh`, `PEER=`) run it beside the real layer,
 //! against the same `bookshelf --no-limit`, to compare the two layers' throughput loss in
 //! the same rounds.
 //!
 //! ```text
-//! cargo build --release -p bookshelf --example governor_peer
-//! target/release/examples/governor_peer --addr 127.0.0.1:18089
+//! cargo build --release -p bucket4rs-http-benches --bin governor_peer
+//! target/release/governor_peer --addr 127.0.0.1:18089
 //! ```
 
 use axum::http::Request;
@@ -47,8 +47,11 @@ impl KeyExtractor for ApiKey {
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let addr = bookshelf::parse_addr_only(std::env::args().skip(1), ([127, 0, 0, 1], 18089).into())
-        .map_err(std::io::Error::other)?;
+    let addr = bucket4rs_http_benches::parse_addr_only(
+        std::env::args().skip(1),
+        ([127, 0, 0, 1], 18089).into(),
+    )
+    .map_err(std::io::Error::other)?;
     let config = GovernorConfigBuilder::default()
         .per_nanosecond(1)
         .burst_size(1_000_000_000)

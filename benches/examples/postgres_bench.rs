@@ -2,7 +2,7 @@
 //! the same client count, in the same run.
 //!
 //! ```text
-//! cargo run --release -p bucket4rs-distributed --features postgres --example postgres_bench [seconds]
+//! cargo run --release -p bucket4rs-benches --features postgres --example postgres_bench [seconds]
 //! ```
 //!
 //! For 1 and 16 concurrent clients, on one hot key and spread over 10,000 keys, reports

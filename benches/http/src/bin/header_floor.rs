@@ -4,16 +4,16 @@
 //!
 //! - read the client key (`X-API-Key`; 401 without it),
 //! - add `RateLimit-Policy` and `RateLimit` to the response, with constant values of the
-//!   same length as the bench plan's (`crates/bookshelf/bench-plans.toml`).
+//!   same length as the bench plan's (`benches/http/bench-plans.toml`).
 //!
 //! There is no bucket, no plan lookup and no formatting: the difference between this server
 //! and `--no-limit` is the cost of the headers alone (the key lookup, two `HeaderMap`
 //! inserts, hyper writing two more fields, 85 more bytes on the wire). The overhead scripts
-//! (`crates/bookshelf/scripts/overhead*.sh`) run it beside the real layer.
+//! (`benches/http/scripts/overhead*.sh`) run it beside the real layer.
 //!
 //! ```text
-//! cargo build --release -p bookshelf --example header_floor
-//! target/release/examples/header_floor --addr 127.0.0.1:18083
+//! cargo build --release -p bucket4rs-http-benches --bin header_floor
+//! target/release/header_floor --addr 127.0.0.1:18083
 //! ```
 
 use std::convert::Infallible;
@@ -80,8 +80,11 @@ impl Service<Request> for Floor {
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let addr = bookshelf::parse_addr_only(std::env::args().skip(1), ([127, 0, 0, 1], 18083).into())
-        .map_err(std::io::Error::other)?;
+    let addr = bucket4rs_http_benches::parse_addr_only(
+        std::env::args().skip(1),
+        ([127, 0, 0, 1], 18083).into(),
+    )
+    .map_err(std::io::Error::other)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!(
         "header floor listening on http://{}",

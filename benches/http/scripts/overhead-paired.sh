@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The rate-limit layer's HTTP throughput loss, measured in pairs run at the same time: the
-# method for a machine whose speed drifts from second to second (docs/http-overhead.md,
-# "How to measure it fairly"). A manual benchmark: not run by CI or by `cargo test`.
+# method for a machine whose speed drifts from second to second (benches/README.md,
+# "HTTP overhead"). A manual benchmark: not run by CI or by `cargo test`.
 #
-#   cargo build --release -p bookshelf --bin bookshelf --example header_floor
-#   crates/bookshelf/scripts/overhead-paired.sh [ROUNDS] [BINARY] [BASELINE_BINARY]
+#   cargo build --release -p bookshelf -p bucket4rs-http-benches
+#   benches/http/scripts/overhead-paired.sh [ROUNDS] [BINARY] [BASELINE_BINARY]
+#   benches/http/scripts/overhead-paired.sh --help     # this text
 #
 # Every server runs on core 0 with one tokio worker; a pair of servers is driven at the
 # same time by two `wrk` (core 1), so both see the same machine, and the scheduler gives
@@ -13,12 +14,11 @@
 # that alternates between rounds; the loss of a pair is 1 - a/b. The pairs, each against
 # `--no-limit`:
 #   with   the layer (bench plan, never exhausted: every request takes the allowed path)
-#   floor  examples/header_floor: the key read and the two headers with constant values
+#   floor  header_floor (src/bin/header_floor.rs): the key read and the two headers with constant values
 #   base   BASELINE_BINARY with the layer (e.g. an older build), if given
-#   peer   examples/governor_peer (PEER=, default under the target directory), when built:
+#   peer   governor_peer (PEER=, default under the target directory), when built:
 #          the same routes behind tower_governor, the closest Rust peer, for a side-by-side
-#          figure (cargo build --release -p bookshelf --example governor_peer); or any
-#          server of the same routes taking `--addr`, such as examples/limiter_floor.rs
+#          figure; or any server of the same routes taking `--addr`, such as limiter_floor
 #          (the bare limiter: the floor plus a bucket per key, nothing else)
 #   a/a    `--no-limit` against itself: the method's own bias and spread
 # Prints every round, then the median and quartiles of each pair's loss (and, with a
@@ -41,37 +41,40 @@
 # next. Fresh processes every round turn that bias into round-to-round spread, which the
 # medians average over.
 #
-# With KEYS=N every request carries the next of N client keys in turn (scripts/many-keys.lua,
+# With KEYS=N every request carries the next of N client keys in turn (many-keys.lua,
 # and a plans file made for them in a temporary file): one bucket per key, each read
 # cold, as with many clients. Without it every request carries the one key `bench-key`.
 #
 # Needs: wrk, taskset, nice -n -15 (root, or drop NICE below), ports 18084-18089 free.
 set -euo pipefail
 
-ROUNDS=${1:-10}
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 # shellcheck source=common.sh
 . "$(dirname "$0")/common.sh"
+usage_if_asked "$@"
+[ $# -le 3 ] || usage_error "at most three arguments: [ROUNDS] [BINARY] [BASELINE_BINARY]"
+ROUNDS=${1:-10}
+whole_number ROUNDS "$ROUNDS"
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${2:-$TARGET/release/bookshelf}
 BASE=${3:-}
-FLOOR=${FLOOR:-$TARGET/release/examples/header_floor}
-PEER=${PEER:-$TARGET/release/examples/governor_peer}
-PLANS=$ROOT/crates/bookshelf/bench-plans.toml
+FLOOR=${FLOOR:-$TARGET/release/header_floor}
+PEER=${PEER:-$TARGET/release/governor_peer}
+PLANS=$ROOT/benches/http/bench-plans.toml
 DURATION=${DURATION:-3s}
 RESTART=${RESTART:-1}
-[[ "$RESTART" =~ ^[1-9][0-9]*$ ]] || { echo "RESTART must be a whole number of rounds, 1 or more" >&2; exit 1; }
+whole_number RESTART "$RESTART"
 NICE=${NICE:-nice -n -15}
 
 for b in "$BIN" "$FLOOR" ${BASE:+"$BASE"}; do
     [ -x "$b" ] || {
-        echo "no binary at $b (cargo build --release -p bookshelf --bin bookshelf --example header_floor)" >&2
+        echo "no binary at $b (cargo build --release -p bookshelf -p bucket4rs-http-benches)" >&2
         exit 1
     }
 done
 if [ ! -x "$PEER" ]; then
     echo "no peer at $PEER: the peer pair is left out" \
-        "(cargo build --release -p bookshelf --example governor_peer)" >&2
+        "(cargo build --release -p bookshelf -p bucket4rs-http-benches)" >&2
     PEER=
 fi
 command -v wrk > /dev/null || { echo "wrk is not installed" >&2; exit 1; }

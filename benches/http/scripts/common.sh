@@ -1,12 +1,34 @@
-# Shared by the overhead scripts (sourced, not run): the request they send, waiting for a
-# server, and the statistics they print.
+# Shared by the overhead scripts (sourced, not run): their argument checks, the request they
+# send, waiting for a server, and the statistics they print.
 
 URL_PATH=/books/9781593278281
 
+# With -h or --help as the first argument: prints the calling script's header comment (its
+# usage) and exits.
+usage_if_asked() { # "$@"
+    case "${1:-}" in
+        -h | --help)
+            awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+            exit 0
+            ;;
+    esac
+}
+
+# Exits with `message` and a pointer to --help (status 2, a usage error).
+usage_error() { # message
+    echo "$(basename "$0"): $1 (--help for the usage)" >&2
+    exit 2
+}
+
+# Exits unless `value` is a whole number, 1 or more (`name` names it in the message).
+whole_number() { # name value
+    [[ "$2" =~ ^[1-9][0-9]*$ ]] || usage_error "$1 must be a whole number, 1 or more (got \"$2\")"
+}
+
 # The client keys `wrk` sends (the array WRK_KEY, its arguments) and the plans file of the
 # layer's side (PLANS, preset by the caller): the one key `bench-key` of
-# crates/bookshelf/bench-plans.toml, or with KEYS=N the next of N keys in turn
-# (scripts/many-keys.lua) and a plans file made for them in a temporary file (replacing
+# benches/http/bench-plans.toml, or with KEYS=N the next of N keys in turn
+# (many-keys.lua beside this file) and a plans file made for them in a temporary file (replacing
 # PLANS), which `keys_cleanup` removes.
 keys_mode() {
     WRK_KEY=(-H 'X-API-Key: bench-key')

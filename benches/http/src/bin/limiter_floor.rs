@@ -1,5 +1,5 @@
 //! The least a rate limiter speaking the IETF headers does on the Bookshelf, for measuring
-//! how far the real layer is from it: the header floor (`examples/header_floor.rs`) plus
+//! how far the real layer is from it: the header floor (`src/bin/header_floor.rs`) plus
 //! one bucket per client key, and nothing else.
 //!
 //! Per request: read the client key (`X-API-Key`; 401 without it), look its bucket up in a
@@ -18,12 +18,12 @@
 //!
 //! It is not a product: it exists only so that the overhead scripts can run it as their
 //! `peer` side (`PEER=…/limiter_floor`), which gives the cost of this minimum beside the
-//! layer's in the same rounds (docs/http-overhead.md, "How close a bare limiter gets").
+//! layer's in the same rounds (`benches/README.md`, "HTTP overhead").
 //!
 //! ```text
-//! cargo build --release -p bookshelf --example limiter_floor
-//! PEER=target/release/examples/limiter_floor crates/bookshelf/scripts/overhead-paired.sh 24
-//! LIMITER_FLOOR_STORE=minimal PEER=target/release/examples/limiter_floor crates/bookshelf/scripts/overhead-paired.sh 24
+//! cargo build --release -p bucket4rs-http-benches --bin limiter_floor
+//! PEER=target/release/limiter_floor benches/http/scripts/overhead-paired.sh 24
+//! LIMITER_FLOOR_STORE=minimal PEER=target/release/limiter_floor benches/http/scripts/overhead-paired.sh 24
 //! ```
 
 use std::cell::RefCell;
@@ -246,8 +246,11 @@ impl<S: Store> Service<Request> for Bare<S> {
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let addr = bookshelf::parse_addr_only(std::env::args().skip(1), ([127, 0, 0, 1], 18094).into())
-        .map_err(std::io::Error::other)?;
+    let addr = bucket4rs_http_benches::parse_addr_only(
+        std::env::args().skip(1),
+        ([127, 0, 0, 1], 18094).into(),
+    )
+    .map_err(std::io::Error::other)?;
     let minimal = match std::env::var("LIMITER_FLOOR_STORE").as_deref() {
         Ok("minimal") => true,
         Ok("local") | Err(_) => false,

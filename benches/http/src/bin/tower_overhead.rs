@@ -3,7 +3,7 @@
 //! flood (distinct keys, capped map) with its peak memory.
 //!
 //! ```text
-//! cargo run --release -p bucket4rs-tower --example overhead -- [requests] [flood-keys] [max-keys]
+//! cargo run --release -p bucket4rs-http-benches --bin tower_overhead -- [requests] [flood-keys] [max-keys]
 //! ```
 
 use std::convert::Infallible;
