@@ -67,6 +67,8 @@ pub enum ConfigError {
     },
     /// Aligned interval refill needs a clock that counts wall-clock time since the Unix epoch (V9).
     AlignedRefillNeedsWallClock,
+    /// A store of buckets per key was given a key cap of zero, which would refuse every key.
+    ZeroMaxKeys,
 }
 
 impl fmt::Display for ConfigError {
@@ -107,6 +109,7 @@ impl fmt::Display for ConfigError {
             Self::AlignedRefillNeedsWallClock => f.write_str(
                 "aligned interval refill needs a wall-clock based time meter (the Unix epoch)",
             ),
+            Self::ZeroMaxKeys => f.write_str("a key cap of zero would refuse every key"),
         }
     }
 }

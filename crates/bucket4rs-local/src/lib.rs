@@ -40,6 +40,7 @@
 mod bucket;
 mod builder;
 mod clock;
+mod keyed;
 mod primitive;
 mod storage;
 mod verbose;
@@ -47,6 +48,7 @@ mod verbose;
 pub use bucket::{Bucket, BucketSnapshot, LockFreeBucket, SynchronizedBucket, UnsyncBucket};
 pub use builder::BucketBuilder;
 pub use clock::FastClock;
+pub use keyed::{DefaultHasher, KeyedBucket, KeyedBucketBuilder, KeyedError, VerboseKeyedBucket};
 pub use storage::{
     AnyStorage, LockFree, NewStorage, Storage, SynchronizationStrategy, Synchronized,
     UnknownStrategy, Unsynchronized,

@@ -2,8 +2,8 @@
 //!
 //! Set `BUCKET4RS_CONFORMANCE_DIR` to replay another directory of traces of the same format.
 
-use bucket4rs_local::{Bucket, NewStorage, SynchronizationStrategy};
-use bucket4rs_test::local::{LocalEngine, ReserveAndAdvance};
+use bucket4rs_local::{Bucket, KeyedBucket, NewStorage, SynchronizationStrategy};
+use bucket4rs_test::local::{KeyedEngine, LocalEngine, ReserveAndAdvance};
 use bucket4rs_test::{replay_all, replay_all_monotonic};
 
 fn replay<S: NewStorage>(label: &str) {
@@ -71,5 +71,32 @@ fn every_forward_trace_replays_on_the_compact_lock_free_bucket() {
             bucket,
             blocking: ReserveAndAdvance,
         })
+    });
+}
+
+/// A keyed bucket, every trace on one of its keys, the key forgotten after each step whenever
+/// it can be: on a clock that may go back, every key's bucket is a synchronized one.
+#[test]
+fn every_trace_replays_on_a_key_of_a_keyed_bucket() {
+    replay_all("keyed", |config, clock| {
+        let keyed = KeyedBucket::builder()
+            .with_configuration(&config)
+            .with_clock(clock)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(KeyedEngine::new(keyed))
+    });
+}
+
+/// The same on a monotonic clock: one-greedy-bandwidth keys run on the compact word.
+#[test]
+fn every_forward_trace_replays_on_a_compact_key_of_a_keyed_bucket() {
+    replay_all_monotonic("keyed", |config, clock| {
+        let keyed = KeyedBucket::builder()
+            .with_configuration(&config)
+            .with_clock(clock)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(KeyedEngine::new(keyed))
     });
 }

@@ -6,7 +6,7 @@
 use core::time::Duration;
 
 use bucket4rs_core::ops::Reserve;
-use bucket4rs_local::{Bucket, ManualClock, OperationError, Storage};
+use bucket4rs_local::{Bucket, KeyedBucket, KeyedError, ManualClock, OperationError, Storage};
 use serde_json::Value;
 
 use crate::{Engine, Op, outcome};
@@ -130,5 +130,111 @@ impl<S: Storage, B: BlockingSteps<S>> Engine for LocalEngine<S, B> {
 
     fn snapshot(&mut self) -> String {
         format!("{:?}", self.bucket.snapshot())
+    }
+}
+
+/// The conformance engine for a [`KeyedBucket`]: every step on one key, whose bucket the
+/// engine asks the keyed bucket to forget after every step when it can (a forgotten key must
+/// answer as the kept one would), beside a bystander key that no step touches.
+pub struct KeyedEngine {
+    /// The keyed bucket under test.
+    pub keyed: KeyedBucket<String, ManualClock>,
+}
+
+/// The key every step of a trace runs on.
+const KEY: &str = "trace";
+/// A key the steps never touch (its bucket must not change).
+const BYSTANDER: &str = "bystander";
+
+impl KeyedEngine {
+    /// An engine over `keyed`. The trace's bucket is created now, as the trace's bucket is
+    /// built at its start (a key's bucket is created when the key is first used, and for
+    /// interval refill or initial tokens below capacity that moment shows); the bystander's
+    /// too, with one token taken when it can be.
+    pub fn new(keyed: KeyedBucket<String, ManualClock>) -> Self {
+        let _ = keyed.available_tokens(KEY);
+        let _ = keyed.try_consume(BYSTANDER, 1);
+        Self { keyed }
+    }
+}
+
+impl core::fmt::Debug for KeyedEngine {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("KeyedEngine")
+            .field("keyed", &self.keyed)
+            .finish()
+    }
+}
+
+impl Engine for KeyedEngine {
+    fn execute(&mut self, op: &Op) -> Result<Value, String> {
+        let b = &self.keyed;
+        let e = |e: KeyedError| e.to_string();
+        let out = match op {
+            Op::TryConsume(n) => Value::from(b.try_consume(KEY, *n).map_err(e)?),
+            Op::TryConsumeAndReturnRemaining(n) => {
+                outcome::probe(&b.try_consume_and_return_remaining(KEY, *n).map_err(e)?)
+            }
+            Op::EstimateAbilityToConsume(n) => {
+                outcome::estimate(&b.estimate_ability_to_consume(KEY, *n).map_err(e)?)
+            }
+            Op::TryConsumeAsMuchAsPossible(l) => {
+                Value::from(b.try_consume_as_much_as_possible(KEY, *l).map_err(e)?)
+            }
+            Op::AddTokens(n) => {
+                b.add_tokens(KEY, *n).map_err(e)?;
+                outcome::unit()
+            }
+            Op::ForceAddTokens(n) => {
+                b.force_add_tokens(KEY, *n).map_err(e)?;
+                outcome::unit()
+            }
+            Op::Reset => {
+                b.reset(KEY).map_err(e)?;
+                outcome::unit()
+            }
+            Op::AvailableTokens => Value::from(b.available_tokens(KEY).map_err(e)?),
+            Op::ConsumeIgnoringRateLimits(n) => {
+                Value::from(nanos(b.consume_ignoring_rate_limits(KEY, *n).map_err(e)?))
+            }
+            Op::ReplaceConfiguration(c, s) => {
+                b.replace_configuration(KEY, c.clone(), *s).map_err(e)?;
+                outcome::unit()
+            }
+            Op::BlockingTryConsume {
+                tokens,
+                max_wait_nanos,
+            } => {
+                let parked = b
+                    .execute(
+                        KEY,
+                        Reserve {
+                            tokens: *tokens,
+                            max_wait_nanos: *max_wait_nanos,
+                        },
+                    )
+                    .map_err(e)?;
+                if let Some(w) = parked {
+                    b.clock().advance_nanos(w as i64);
+                }
+                outcome::blocking_try(parked)
+            }
+            Op::BlockingConsume(n) => {
+                let w = nanos(b.consume_ignoring_rate_limits(KEY, *n).map_err(e)?);
+                b.clock().advance_nanos(w as i64);
+                outcome::blocking(w)
+            }
+        };
+        // Whatever can be forgotten now is: the next step must not notice.
+        b.sweep();
+        Ok(out)
+    }
+
+    fn snapshot(&mut self) -> String {
+        format!(
+            "{:?} / {:?}",
+            self.keyed.snapshot(KEY),
+            self.keyed.snapshot(BYSTANDER)
+        )
     }
 }

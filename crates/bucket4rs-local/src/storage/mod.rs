@@ -8,7 +8,7 @@ use bucket4rs_core::{
 mod any;
 mod exclusive;
 mod lock_free;
-mod word;
+pub(crate) mod word;
 
 pub use any::{AnyStorage, SynchronizationStrategy, UnknownStrategy};
 pub use exclusive::{Synchronized, Unsynchronized};

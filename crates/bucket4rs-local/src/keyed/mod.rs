@@ -1,0 +1,1047 @@
+//! The keyed bucket: one bucket per key in a concurrent map — the per-key counterpart of
+//! [`Bucket`](crate::Bucket), for a limit per API key, tenant or client address in one
+//! process.
+//!
+//! # How it works
+//!
+//! The map is a sharded `DashMap` from the key to a sixteen-byte [`Entry`]. A known key is one
+//! lookup under its shard's read lock: a bucket of one greedy bandwidth on a monotonic clock
+//! (the default) is the lock-free bucket's compact word (one load and at most one
+//! compare-and-swap, see `storage::word`), its configuration shared by every key of that
+//! configuration through an interned plan; any other bucket is a synchronized one of its own.
+//! A key without a bucket answers as a bucket created now; it is stored only when the operation
+//! changes that state, or when forgetting it would change a later answer.
+//!
+//! Memory is bounded by forgetting: a bucket is dropped only when a bucket created afresh from
+//! the key's configuration would answer every later request exactly as the kept one
+//! ([`BucketState::forgettable_at`]: a full greedy bucket whose initial tokens are its
+//! capacity, for instance). Buckets that can never be forgotten (interval refill, initial
+//! tokens below capacity, a replaced configuration) stay until removed, bounded by the
+//! optional key cap. Forgettable buckets are swept when the map has doubled since the last
+//! sweep, when the cap is reached, and on [`KeyedBucket::sweep`].
+
+mod builder;
+mod entry;
+mod plans;
+
+use core::borrow::Borrow;
+use core::fmt;
+use core::hash::{BuildHasher, Hash};
+use core::sync::atomic::{AtomicUsize, Ordering};
+use core::time::Duration;
+
+use bucket4rs_core::ops::{self, Operation};
+use bucket4rs_core::{
+    BucketConfiguration, BucketListener, BucketState, Clock, ConfigError, ConsumptionProbe,
+    EstimationProbe, OperationError, TokensInheritanceStrategy, VerboseResult,
+};
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry as MapEntry;
+
+pub use builder::KeyedBucketBuilder;
+use entry::{Entry, Stop};
+use plans::Plans;
+
+use crate::bucket::BucketSnapshot;
+use crate::clock::FastClock;
+use crate::storage::{NewStorage, Synchronized};
+use bucket4rs_core::NoopListener;
+
+/// The hasher of a keyed bucket's map by default: foldhash, seeded per map. Fast, and
+/// minimally resistant to hash flooding; for keys an attacker chooses in a process whose
+/// seed they might learn by timing, [`std::hash::RandomState`] (SipHash) is the cautious
+/// choice ([`KeyedBucketBuilder::with_hasher`]).
+pub type DefaultHasher = foldhash::fast::RandomState;
+
+/// The least number of keys between two automatic sweeps.
+const MIN_SWEEP_INTERVAL: usize = 1024;
+
+/// A configuration chosen per key ([`KeyedBucketBuilder::configuration_per_key`]).
+type PerKey<K> = Box<dyn Fn(&K) -> Option<BucketConfiguration> + Send + Sync>;
+
+/// Where a key's configuration comes from when it has no bucket.
+enum Source<K> {
+    /// Every key the same.
+    One(BucketConfiguration),
+    /// Chosen per key on first use; `None`: the key is unknown.
+    PerKey(PerKey<K>),
+}
+
+/// One token bucket per key, all in one concurrent map: the per-key counterpart of
+/// [`Bucket`](crate::Bucket) (what governor's keyed `RateLimiter` is to its direct one, and
+/// what Bucket4j users build from a Caffeine map of buckets).
+///
+/// Every bucket operation takes the key: [`try_consume`](Self::try_consume), the probes,
+/// estimates, additions, [`reset`](Self::reset), [`available_tokens`](Self::available_tokens),
+/// [`replace_configuration`](Self::replace_configuration), and the verbose forms through
+/// [`as_verbose`](Self::as_verbose). Lookups borrow: a `KeyedBucket<String>` takes `&str`. The
+/// configuration is one for all keys, or chosen per key when it is first used
+/// ([`KeyedBucketBuilder::configuration_per_key`]). Buckets run the same exact core math as a
+/// [`Bucket`](crate::Bucket), on the lock-free compact word where it applies; memory stays
+/// bounded by dropping buckets that a fresh one would replace exactly, plus an optional key
+/// cap ([`KeyedBucketBuilder::max_keys`]). Listeners see every key's operations.
+///
+/// ```
+/// use bucket4rs_local::KeyedBucket;
+/// use std::time::Duration;
+///
+/// let per_client: KeyedBucket<String> = KeyedBucket::builder()
+///     .add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_secs(1)))
+///     .build()?;
+/// assert!(per_client.try_consume("alice", 2)?);
+/// assert!(!per_client.try_consume("alice", 1)?); // alice is out of tokens
+/// assert!(per_client.try_consume("bob", 1)?); // bob has a bucket of his own
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedBucket<K, C = FastClock, L = NoopListener, S = DefaultHasher> {
+    map: DashMap<K, Entry, S>,
+    plans: Plans,
+    source: Source<K>,
+    clock: C,
+    listener: L,
+    monotonic: bool,
+    wall_clock: bool,
+    max_keys: Option<usize>,
+    /// Entries in the map (kept beside it: the cap is checked on every insertion).
+    len: AtomicUsize,
+    /// The size at which the next automatic sweep runs.
+    next_sweep: AtomicUsize,
+}
+
+impl<K, C: fmt::Debug, L, S> fmt::Debug for KeyedBucket<K, C, L, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedBucket")
+            .field("keys", &self.len.load(Ordering::Relaxed))
+            .field("max_keys", &self.max_keys)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a keyed bucket could not run an operation. Nothing changed.
+///
+/// ```
+/// use bucket4rs_local::{KeyedBucket, KeyedError, OperationError};
+/// use std::time::Duration;
+///
+/// let limiter: KeyedBucket<u64> = KeyedBucket::builder()
+///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
+///     .build()?;
+/// assert_eq!(limiter.try_consume(&7, 0), Err(KeyedError::Operation(OperationError::ZeroTokens)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyedError {
+    /// The operation's arguments are invalid, as for a [`Bucket`](crate::Bucket).
+    Operation(OperationError),
+    /// The key has no bucket, and the map holds its maximum number of keys, none of which
+    /// could be forgotten.
+    TooManyKeys {
+        /// The cap ([`KeyedBucketBuilder::max_keys`]).
+        max: usize,
+    },
+    /// The configuration source has no configuration for this key.
+    UnknownKey,
+    /// The configuration is invalid for this bucket (a replacement, or a configuration chosen
+    /// for a key, that needs a wall clock the bucket does not have).
+    Configuration(ConfigError),
+}
+
+impl fmt::Display for KeyedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Operation(e) => e.fmt(f),
+            Self::TooManyKeys { max } => write!(
+                f,
+                "the keyed bucket holds its maximum of {max} keys and none can be forgotten yet"
+            ),
+            Self::UnknownKey => f.write_str("no configuration for this key"),
+            Self::Configuration(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for KeyedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Operation(e) => Some(e),
+            Self::Configuration(e) => Some(e),
+            Self::TooManyKeys { .. } | Self::UnknownKey => None,
+        }
+    }
+}
+
+impl From<OperationError> for KeyedError {
+    fn from(e: OperationError) -> Self {
+        Self::Operation(e)
+    }
+}
+
+impl From<ConfigError> for KeyedError {
+    fn from(e: ConfigError) -> Self {
+        Self::Configuration(e)
+    }
+}
+
+impl KeyedBucket<()> {
+    /// Starts a builder: limits as for a [`Bucket`](crate::Bucket), then the key type at
+    /// [`build`](KeyedBucketBuilder::build).
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// let limiter: KeyedBucket<u32> = KeyedBucket::builder()
+    ///     .add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1)))
+    ///     .max_keys(10_000)
+    ///     .build()?;
+    /// assert!(limiter.try_consume(&42, 5)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder<K>() -> KeyedBucketBuilder<K> {
+        KeyedBucketBuilder::new()
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl<K, C, L, S> KeyedBucket<K, C, L, S>
+where
+    K: Hash + Eq,
+    C: Clock,
+    L: BucketListener,
+    S: BuildHasher + Clone,
+{
+    /// Runs any core [`Operation`] on `key`'s bucket (the typed methods are shorthands),
+    /// notifying the listener once the change is committed.
+    ///
+    /// # Errors
+    /// The operation's [`OperationError`], or for a key without a bucket
+    /// [`KeyedError::TooManyKeys`], [`KeyedError::UnknownKey`] or
+    /// [`KeyedError::Configuration`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// assert_eq!(limiter.execute("k", bucket4rs_core::ops::AvailableTokens)?, 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn execute<Q, O>(&self, key: &Q, op: O) -> Result<O::Output, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+        O: Operation,
+    {
+        let now = self.clock.now_nanos();
+        let out = self.run(key, &op, now)?;
+        // Committed: a panicking listener cannot corrupt the bucket.
+        op.notify(&out, &self.listener);
+        Ok(out)
+    }
+
+    /// `op` on `key`'s bucket at `now`: in place for a known key, else the slow paths.
+    #[inline(always)]
+    fn run<Q, O>(&self, key: &Q, op: &O, now: i64) -> Result<O::Output, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+        O: Operation,
+    {
+        self.run_with(key, now, |e, plans| e.run(plans, op, now))
+    }
+
+    /// `run` on `key`'s entry: under the shard's read lock for a known key (the common case,
+    /// inline), else on the slow paths.
+    #[inline(always)]
+    fn run_with<Q, T>(
+        &self,
+        key: &Q,
+        now: i64,
+        run: impl Fn(&Entry, &Plans) -> Result<T, Stop>,
+    ) -> Result<T, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        if let Some(entry) = self.map.get(key) {
+            match run(&entry, &self.plans) {
+                Ok(out) => return Ok(out),
+                Err(Stop::Invalid(e)) => return Err(e.into()),
+                Err(Stop::Upgrade) => {}
+            }
+        }
+        self.run_slow(key, now, &run)
+    }
+
+    /// A key without a bucket, or whose state must leave the compact word: under the
+    /// shard's exclusive lock.
+    #[cold]
+    #[inline(never)]
+    fn run_slow<Q, T>(
+        &self,
+        key: &Q,
+        now: i64,
+        run: &impl Fn(&Entry, &Plans) -> Result<T, Stop>,
+    ) -> Result<T, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        if let Some(mut entry) = self.map.get_mut(key) {
+            return exclusive(&mut entry, &self.plans, now, run);
+        }
+        let owned: K = key.to_owned().into();
+        let config = self.configuration_for(&owned)?;
+        let fresh = BucketState::new(&config, now);
+        // First on a bucket created now and not stored: an invalid request stores nothing,
+        // and a request that leaves a forgettable fresh bucket as it was needs no bucket.
+        let probe = Entry::General(Box::new(Synchronized::new(
+            config.clone(),
+            fresh.clone(),
+            false,
+        )));
+        let out = run(&probe, &self.plans).map_err(stop)?;
+        let unchanged = probe
+            .snapshot(&self.plans, now)
+            .is_some_and(|(_, s)| s == fresh);
+        if unchanged && fresh.forgettable_at(&config, now) == Some(now) {
+            return Ok(out);
+        }
+        self.insert(owned, &config, fresh, now, |entry, _| {
+            exclusive(entry, &self.plans, now, run)
+        })
+    }
+
+    /// Stores a bucket of `config` in `state` for `key` at `now`, then runs `f` on the stored
+    /// entry with exclusive access (`true`: it was just stored; `false`: another thread
+    /// stored one first, and `f` runs on that one).
+    fn insert<T>(
+        &self,
+        mut key: K,
+        config: &BucketConfiguration,
+        state: BucketState,
+        now: i64,
+        f: impl FnOnce(&mut Entry, bool) -> Result<T, KeyedError>,
+    ) -> Result<T, KeyedError> {
+        let mut state = Some(state);
+        let mut swept = false;
+        loop {
+            match self.map.entry(key) {
+                MapEntry::Occupied(mut o) => return f(o.get_mut(), false),
+                MapEntry::Vacant(v) => {
+                    if !self.count_key() {
+                        if swept {
+                            return Err(KeyedError::TooManyKeys {
+                                max: self.max_keys.unwrap_or(usize::MAX),
+                            });
+                        }
+                        // Sweeping takes every shard's lock: let go of this one first.
+                        key = v.into_key();
+                        self.sweep_at(now);
+                        swept = true;
+                        continue;
+                    }
+                    let state = state
+                        .take()
+                        .unwrap_or_else(|| BucketState::new(config, now));
+                    let entry = Entry::new(&self.plans, config, state, now, self.monotonic);
+                    let mut stored = v.insert(entry);
+                    let result = f(&mut stored, true);
+                    drop(stored);
+                    let grown = self.len.load(Ordering::Relaxed);
+                    if grown > self.next_sweep.load(Ordering::Relaxed) {
+                        self.sweep_at(now);
+                    }
+                    return result;
+                }
+            }
+        }
+    }
+
+    /// Counts one more key, within the cap.
+    fn count_key(&self) -> bool {
+        match self.max_keys {
+            None => {
+                self.len.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Some(max) => self
+                .len
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < max).then_some(n + 1)
+                })
+                .is_ok(),
+        }
+    }
+
+    /// The configuration a key without a bucket gets.
+    fn configuration_for(&self, key: &K) -> Result<BucketConfiguration, KeyedError> {
+        let config = match &self.source {
+            Source::One(config) => return Ok(config.clone()),
+            Source::PerKey(f) => f(key).ok_or(KeyedError::UnknownKey)?,
+        };
+        config.check_clock(self.wall_clock)?;
+        Ok(config)
+    }
+
+    /// The configuration a key would get now, if any (for forgetting: a bucket is dropped only
+    /// if it would be recreated from the same configuration).
+    fn source_of(&self, key: &K) -> Option<BucketConfiguration> {
+        match &self.source {
+            Source::One(config) => Some(config.clone()),
+            Source::PerKey(f) => f(key),
+        }
+    }
+
+    /// Drops every bucket that a fresh one would replace exactly (see the type's docs),
+    /// returning how many. Runs on its own when the map has doubled since the last sweep and
+    /// when the key cap is reached; call it from a timer to keep the map small between.
+    ///
+    /// ```
+    /// # use bucket4rs_local::{KeyedBucket, ManualClock}; use std::time::Duration;
+    /// let clock = ManualClock::monotonic(0);
+    /// let limiter: KeyedBucket<u32, ManualClock> = KeyedBucket::builder()
+    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+    ///     .with_clock(clock.clone())
+    ///     .build()?;
+    /// limiter.try_consume(&1, 5)?;
+    /// assert_eq!(limiter.sweep(), 0); // half empty: a fresh bucket would differ
+    /// clock.advance(Duration::from_millis(500));
+    /// assert_eq!(limiter.sweep(), 1); // full again: a fresh bucket is the same
+    /// assert!(limiter.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sweep(&self) -> usize {
+        self.sweep_at(self.clock.now_nanos())
+    }
+
+    fn sweep_at(&self, now: i64) -> usize {
+        let mut dropped = 0;
+        self.map.retain(|key, entry| {
+            let keep = !entry.forgettable(&self.plans, now, self.source_of(key).as_ref());
+            dropped += usize::from(!keep);
+            keep
+        });
+        let left = self.len.fetch_sub(dropped, Ordering::Relaxed) - dropped;
+        self.next_sweep.store(
+            left.saturating_mul(2).max(MIN_SWEEP_INTERVAL),
+            Ordering::Relaxed,
+        );
+        dropped
+    }
+
+    /// Tries to consume `tokens` from `key`'s bucket: `true` if they were consumed.
+    ///
+    /// # Errors
+    /// [`KeyedError::Operation`] for zero tokens; for a key without a bucket, the errors of
+    /// [`execute`](Self::execute).
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// assert!(limiter.try_consume("k", 5)?);
+    /// assert!(!limiter.try_consume("k", 1)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_consume<Q>(&self, key: &Q, tokens: u64) -> Result<bool, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.execute(key, ops::TryConsume(tokens))
+    }
+
+    /// Like [`try_consume`](Self::try_consume), answering a probe with the tokens left and,
+    /// when refused, the wait until the request could succeed.
+    ///
+    /// # Errors
+    /// As [`try_consume`](Self::try_consume).
+    ///
+    /// ```
+    /// # use bucket4rs_local::{KeyedBucket, ManualClock}; use std::time::Duration;
+    /// let limiter: KeyedBucket<String, ManualClock> = KeyedBucket::builder()
+    ///     .add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1)))
+    ///     .with_clock(ManualClock::monotonic(0))
+    ///     .build()?;
+    /// limiter.try_consume("k", 5)?;
+    /// let probe = limiter.try_consume_and_return_remaining("k", 1)?;
+    /// assert_eq!(probe.wait_for_refill(), Duration::from_millis(200));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume_and_return_remaining<Q>(
+        &self,
+        key: &Q,
+        tokens: u64,
+    ) -> Result<ConsumptionProbe, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.execute(key, ops::TryConsumeAndReturnRemaining(tokens))
+    }
+
+    /// Whether `tokens` could be consumed from `key`'s bucket now, and the wait if not;
+    /// consumes nothing.
+    ///
+    /// # Errors
+    /// As [`try_consume`](Self::try_consume).
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// assert!(limiter.estimate_ability_to_consume("k", 5)?.can_be_consumed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn estimate_ability_to_consume<Q>(
+        &self,
+        key: &Q,
+        tokens: u64,
+    ) -> Result<EstimationProbe, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.execute(key, ops::EstimateAbilityToConsume(tokens))
+    }
+
+    /// Consumes every available token of `key`'s bucket, at most `limit` if given; returns how
+    /// many.
+    ///
+    /// # Errors
+    /// [`KeyedError::Operation`] for a zero limit; for a key without a bucket, the errors of
+    /// [`execute`](Self::execute).
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// assert_eq!(limiter.try_consume_as_much_as_possible("k", Some(3))?, 3);
+    /// assert_eq!(limiter.try_consume_as_much_as_possible("k", None)?, 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume_as_much_as_possible<Q>(
+        &self,
+        key: &Q,
+        limit: Option<u64>,
+    ) -> Result<u64, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.execute(key, ops::TryConsumeAsMuchAsPossible(limit))
+    }
+
+    /// Adds `tokens` to `key`'s bucket, never above capacity.
+    ///
+    /// # Errors
+    /// As [`try_consume`](Self::try_consume).
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// limiter.try_consume("k", 5)?;
+    /// limiter.add_tokens("k", 2)?;
+    /// assert_eq!(limiter.available_tokens("k")?, 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn add_tokens<Q>(&self, key: &Q, tokens: u64) -> Result<(), KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.execute(key, ops::AddTokens(tokens))
+    }
+
+    /// Adds `tokens` to `key`'s bucket, beyond capacity if need be.
+    ///
+    /// # Errors
+    /// As [`try_consume`](Self::try_consume).
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// limiter.force_add_tokens("k", 10)?;
+    /// assert_eq!(limiter.available_tokens("k")?, 15);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn force_add_tokens<Q>(&self, key: &Q, tokens: u64) -> Result<(), KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.execute(key, ops::ForceAddTokens(tokens))
+    }
+
+    /// Fills `key`'s bucket to capacity.
+    ///
+    /// # Errors
+    /// For a key without a bucket, the errors of [`execute`](Self::execute).
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// limiter.try_consume("k", 5)?;
+    /// limiter.reset("k")?;
+    /// assert_eq!(limiter.available_tokens("k")?, 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reset<Q>(&self, key: &Q) -> Result<(), KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.execute(key, ops::Reset)
+    }
+
+    /// The tokens `key`'s bucket has now (negative while in debt).
+    ///
+    /// # Errors
+    /// For a key without a bucket, the errors of [`execute`](Self::execute).
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// assert_eq!(limiter.available_tokens("new key")?, 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn available_tokens<Q>(&self, key: &Q) -> Result<i64, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.execute(key, ops::AvailableTokens)
+    }
+
+    /// Consumes `tokens` from `key`'s bucket even into debt; returns the wait until the debt is
+    /// paid back.
+    ///
+    /// # Errors
+    /// As [`try_consume`](Self::try_consume), or [`OperationError::WaitTooLong`] inside
+    /// [`KeyedError::Operation`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// assert_eq!(limiter.consume_ignoring_rate_limits("k", 6)?, Duration::from_millis(200));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn consume_ignoring_rate_limits<Q>(
+        &self,
+        key: &Q,
+        tokens: u64,
+    ) -> Result<Duration, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.execute(key, ops::ConsumeIgnoringRateLimits(tokens))
+            .map(Duration::from_nanos)
+    }
+
+    /// Reserves `tokens` from `key`'s bucket if they will be there within `max_wait`:
+    /// `Some(wait)` (the tokens are taken now; the caller waits before using them), `None` if
+    /// not.
+    ///
+    /// # Errors
+    /// [`KeyedError::Operation`] for zero tokens or a zero `max_wait`; for a key without a
+    /// bucket, the errors of [`execute`](Self::execute).
+    ///
+    /// ```
+    /// # use bucket4rs_local::{KeyedBucket, ManualClock}; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String, ManualClock> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).with_clock(ManualClock::monotonic(0)).build()?;
+    /// limiter.try_consume("k", 5)?;
+    /// assert_eq!(limiter.reserve("k", 1, Duration::from_secs(1))?, Some(Duration::from_millis(200)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve<Q>(
+        &self,
+        key: &Q,
+        tokens: u64,
+        max_wait: Duration,
+    ) -> Result<Option<Duration>, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let op = ops::Reserve {
+            tokens,
+            max_wait_nanos: nanos(max_wait),
+        };
+        self.execute(key, op).map(|w| w.map(Duration::from_nanos))
+    }
+
+    /// Replaces `key`'s configuration, carrying its tokens over by `strategy` (a key without a
+    /// bucket gets one, from its configuration, first). A bucket with a replaced configuration
+    /// is only forgotten once the key's configuration source answers that configuration again.
+    ///
+    /// # Errors
+    /// [`KeyedError::Configuration`] when `config` needs a wall clock the bucket does not have;
+    /// for a key without a bucket, the errors of [`execute`](Self::execute).
+    ///
+    /// ```
+    /// # use bucket4rs_local::{KeyedBucket, TokensInheritanceStrategy, BucketConfiguration, Bandwidth};
+    /// # use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// let pro = BucketConfiguration::builder()
+    ///     .add_limit(Bandwidth::simple(50, Duration::from_secs(1))?)
+    ///     .build()?;
+    /// limiter.replace_configuration("k", pro, TokensInheritanceStrategy::Reset)?;
+    /// assert_eq!(limiter.available_tokens("k")?, 50);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn replace_configuration<Q>(
+        &self,
+        key: &Q,
+        config: BucketConfiguration,
+        strategy: TokensInheritanceStrategy,
+    ) -> Result<(), KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        config.check_clock(self.wall_clock)?;
+        let now = self.clock.now_nanos();
+        let wall = self.wall_clock;
+        let replace = |old: &BucketConfiguration, state: &BucketState| {
+            let new = state.replace_configuration(old, &config, now, strategy, wall)?;
+            Ok((config.clone(), new))
+        };
+        let (plans, monotonic) = (&self.plans, self.monotonic);
+        if let Some(mut entry) = self.map.get_mut(key) {
+            return Ok(entry.replace(plans, now, monotonic, replace)?);
+        }
+        // A key without a bucket: its bucket is created and replaced at once.
+        let owned: K = key.to_owned().into();
+        let source = self.configuration_for(&owned)?;
+        let (new_config, state) = replace(&source, &BucketState::new(&source, now))?;
+        self.insert(owned, &new_config, state, now, |entry, stored| {
+            if stored {
+                Ok(())
+            } else {
+                Ok(entry.replace(plans, now, monotonic, replace)?)
+            }
+        })
+    }
+
+    /// `key`'s configuration and state (refilled to now where the bucket keeps no last refill
+    /// time), or `None` if the key has no bucket (it would answer as a fresh one).
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// assert!(limiter.snapshot("k").is_none());
+    /// limiter.try_consume("k", 2)?;
+    /// assert_eq!(limiter.snapshot("k").expect("stored").state().bandwidths()[0].tokens(), 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn snapshot<Q>(&self, key: &Q) -> Option<BucketSnapshot>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = self.clock.now_nanos();
+        let entry = self.map.get(key)?;
+        let (config, state) = entry.snapshot(&self.plans, now)?;
+        Some(BucketSnapshot::new(config, state))
+    }
+
+    /// Drops `key`'s bucket: the key starts afresh. `true` if it had one.
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// limiter.try_consume("k", 5)?;
+    /// assert!(limiter.remove("k"));
+    /// assert_eq!(limiter.available_tokens("k")?, 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn remove<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let removed = self.map.remove(key).is_some();
+        if removed {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        removed
+    }
+
+    /// The verbose view: the same operations, each answering a [`VerboseResult`] with the
+    /// key's configuration, the state the operation left and its reading.
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// let r = limiter.as_verbose().try_consume("k", 2)?;
+    /// assert_eq!((*r.value(), r.available_tokens()), (true, 3));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn as_verbose(&self) -> VerboseKeyedBucket<'_, K, C, L, S> {
+        VerboseKeyedBucket { keyed: self }
+    }
+
+    /// `op` verbosely: its value, the configuration, the state after it and the reading.
+    fn execute_verbose<Q, O>(&self, key: &Q, op: O) -> Result<VerboseResult<O::Output>, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+        O: Operation,
+    {
+        let now = self.clock.now_nanos();
+        let op = ops::Verbose(op);
+        let (out, config) =
+            self.run_with(key, now, |e, plans| e.run_with_config(plans, &op, now))?;
+        op.notify(&out, &self.listener);
+        let (value, state) = out;
+        Ok(VerboseResult::new(value, config, state, now))
+    }
+}
+
+impl<K, C, L, S> KeyedBucket<K, C, L, S> {
+    /// How many keys have a bucket.
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// limiter.try_consume("a", 1)?;
+    /// limiter.try_consume("b", 1)?;
+    /// assert_eq!(limiter.len(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether no key has a bucket.
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// assert!(limiter.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The clock.
+    ///
+    /// ```
+    /// # use bucket4rs_local::{KeyedBucket, ManualClock}; use std::time::Duration;
+    /// let limiter: KeyedBucket<String, ManualClock> = KeyedBucket::builder()
+    ///     .add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1)))
+    ///     .with_clock(ManualClock::new(7))
+    ///     .build()?;
+    /// assert_eq!(bucket4rs_local::Clock::now_nanos(limiter.clock()), 7);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// The listener.
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// let _: &bucket4rs_local::NoopListener = limiter.listener();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn listener(&self) -> &L {
+        &self.listener
+    }
+}
+
+/// `run` on an entry the caller holds exclusively: a compact entry whose new state does not
+/// fit its word becomes a synchronized bucket first.
+fn exclusive<T>(
+    entry: &mut Entry,
+    plans: &Plans,
+    now: i64,
+    run: &impl Fn(&Entry, &Plans) -> Result<T, Stop>,
+) -> Result<T, KeyedError> {
+    match run(entry, plans) {
+        Err(Stop::Upgrade) => {
+            entry.upgrade(plans, now);
+            run(entry, plans).map_err(stop)
+        }
+        other => other.map_err(stop),
+    }
+}
+
+/// Maps an in-place stop that is not an upgrade to the keyed error.
+fn stop(s: Stop) -> KeyedError {
+    match s {
+        Stop::Invalid(e) => KeyedError::Operation(e),
+        // Only asked after an upgrade, which a general entry never needs.
+        Stop::Upgrade => KeyedError::Operation(OperationError::StateMismatch),
+    }
+}
+
+/// The verbose view of a [`KeyedBucket`] ([`KeyedBucket::as_verbose`]).
+///
+/// ```
+/// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+/// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+/// let verbose = limiter.as_verbose();
+/// let probe = verbose.try_consume_and_return_remaining("k", 5)?;
+/// assert_eq!(probe.time_until_full(), Duration::from_secs(1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct VerboseKeyedBucket<'a, K, C, L, S> {
+    keyed: &'a KeyedBucket<K, C, L, S>,
+}
+
+impl<K, C: fmt::Debug, L, S> fmt::Debug for VerboseKeyedBucket<'_, K, C, L, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("VerboseKeyedBucket")
+            .field(self.keyed)
+            .finish()
+    }
+}
+
+impl<K, C, L, S> VerboseKeyedBucket<'_, K, C, L, S>
+where
+    K: Hash + Eq,
+    C: Clock,
+    L: BucketListener,
+    S: BuildHasher + Clone,
+{
+    /// [`KeyedBucket::execute`], verbosely.
+    ///
+    /// # Errors
+    /// As [`KeyedBucket::execute`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// let r = limiter.as_verbose().execute("k", bucket4rs_core::ops::Reset)?;
+    /// assert_eq!(r.available_tokens(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn execute<Q, O>(&self, key: &Q, op: O) -> Result<VerboseResult<O::Output>, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+        O: Operation,
+    {
+        self.keyed.execute_verbose(key, op)
+    }
+
+    /// [`KeyedBucket::try_consume`], verbosely.
+    ///
+    /// # Errors
+    /// As [`KeyedBucket::try_consume`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// assert_eq!(limiter.as_verbose().try_consume("k", 1)?.available_tokens_per_bandwidth(), [4]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume<Q>(&self, key: &Q, tokens: u64) -> Result<VerboseResult<bool>, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.execute(key, ops::TryConsume(tokens))
+    }
+
+    /// [`KeyedBucket::try_consume_and_return_remaining`], verbosely.
+    ///
+    /// # Errors
+    /// As [`KeyedBucket::try_consume`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// assert!(limiter.as_verbose().try_consume_and_return_remaining("k", 1)?.value().is_consumed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume_and_return_remaining<Q>(
+        &self,
+        key: &Q,
+        tokens: u64,
+    ) -> Result<VerboseResult<ConsumptionProbe>, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.execute(key, ops::TryConsumeAndReturnRemaining(tokens))
+    }
+
+    /// [`KeyedBucket::estimate_ability_to_consume`], verbosely.
+    ///
+    /// # Errors
+    /// As [`KeyedBucket::try_consume`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// assert!(limiter.as_verbose().estimate_ability_to_consume("k", 5)?.value().can_be_consumed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn estimate_ability_to_consume<Q>(
+        &self,
+        key: &Q,
+        tokens: u64,
+    ) -> Result<VerboseResult<EstimationProbe>, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.execute(key, ops::EstimateAbilityToConsume(tokens))
+    }
+
+    /// [`KeyedBucket::available_tokens`], verbosely.
+    ///
+    /// # Errors
+    /// As [`KeyedBucket::available_tokens`].
+    ///
+    /// ```
+    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
+    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
+    /// assert_eq!(limiter.as_verbose().available_tokens("k")?.time_until_full(), Duration::ZERO);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn available_tokens<Q>(&self, key: &Q) -> Result<VerboseResult<i64>, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        self.execute(key, ops::AvailableTokens)
+    }
+}
+
+#[cfg(all(test, not(bucket4rs_loom)))]
+mod tests {
+    #[test]
+    fn an_entry_is_sixteen_bytes() {
+        // A key's whole bucket beside its key in the map: the memory figure per key rests on it.
+        assert_eq!(core::mem::size_of::<super::Entry>(), 16);
+    }
+}
