@@ -7,7 +7,7 @@
 //!
 //! For 1 and 16 concurrent clients, on one hot key and spread over 10,000 keys, reports
 //! bucket4rs ops/s (`try_consume(1)`, database clock, always granted) with statements per
-//! operation, with request batching (the default) and without (`Batching::disabled()`), and `pgbench -n -f script.sql -c N -j N -T <seconds>` tps for
+//! operation, with request batching (the default) and without (`max_batch(1)`), and `pgbench -n -f script.sql -c N -j N -T <seconds>` tps for
 //! `UPDATE t SET v = v + 1 WHERE k = …` on a throwaway table. Uses `BUCKET4RS_POSTGRES_URL`
 //! (default `postgres://postgres@127.0.0.1:5432/test`); drops its tables at the end.
 
@@ -17,9 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bucket4rs_core::{Bandwidth, BucketConfiguration};
-use bucket4rs_distributed::{
-    Batching, PostgresBackend, PostgresOptions, ProxyManager, RemoteBucket,
-};
+use bucket4rs_distributed::{PostgresBackend, PostgresOptions, ProxyManager, RemoteBucket};
 
 /// Numbers the runs: each uses its own keys.
 static RUN: AtomicU64 = AtomicU64::new(0);
@@ -66,14 +64,14 @@ async fn run(
     clients: usize,
     keys: usize,
     secs: u64,
-    batching: Batching,
+    max_batch: usize,
 ) -> (f64, f64) {
     let manager = ProxyManager::configure(backend.clone())
         .key_prefix(format!(
             "c{clients}r{}",
             RUN.fetch_add(1, Ordering::Relaxed)
         ))
-        .batching(batching)
+        .max_batch(max_batch)
         .build()
         .expect("manager");
     let config = BucketConfiguration::builder()
@@ -173,9 +171,8 @@ fn main() {
         rt.block_on(backend.migrate()).expect("migrate");
         for keys in [1usize, 10_000] {
             // Unbatched first, then batched, each on its own keys, then pgbench.
-            let (ops1, trips1) =
-                rt.block_on(run(&backend, clients, keys, secs, Batching::disabled()));
-            let (ops, trips) = rt.block_on(run(&backend, clients, keys, secs, Batching::default()));
+            let (ops1, trips1) = rt.block_on(run(&backend, clients, keys, secs, 1));
+            let (ops, trips) = rt.block_on(run(&backend, clients, keys, secs, 64));
             let tps = pgbench(&url, &theirs, clients, keys, secs);
             let ratio = |ops: f64| {
                 tps.parse::<f64>()

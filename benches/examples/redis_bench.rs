@@ -6,7 +6,7 @@
 //!
 //! Reports ops/s and round trips per operation for 1 and 16 concurrent clients on one hot
 //! key and spread over 10,000 keys, with request batching (the default) and without
-//! (`Batching::disabled()`), and raw INCR at the same concurrency. Uses
+//! (`max_batch(1)`), and raw INCR at the same concurrency. Uses
 //! `BUCKET4RS_REDIS_URL` (default `redis://127.0.0.1:6379`).
 
 use std::process::Command;
@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bucket4rs_core::{Bandwidth, BucketConfiguration};
-use bucket4rs_distributed::{Batching, ProxyManager, RedisBackend, RedisOptions, RemoteBucket};
+use bucket4rs_distributed::{ProxyManager, RedisBackend, RedisOptions, RemoteBucket};
 
 fn redis_benchmark_incr(port: &str, clients: usize) -> String {
     let out = Command::new("redis-benchmark")
@@ -37,11 +37,11 @@ async fn run(
     clients: usize,
     keys: usize,
     secs: f64,
-    batching: Batching,
+    max_batch: usize,
 ) -> (f64, f64) {
     let manager = ProxyManager::configure(backend.clone())
         .key_prefix(prefix)
-        .batching(batching)
+        .max_batch(max_batch)
         .build()
         .expect("manager");
     let config = BucketConfiguration::builder()
@@ -134,10 +134,7 @@ fn main() {
     println!("bucket4rs Redis backend, {secs} s per scenario, try_consume(1) always granted");
     for clients in [1usize, 16] {
         for keys in [1usize, 10_000] {
-            for (name, batching) in [
-                ("batched", Batching::default()),
-                ("unbatched", Batching::disabled()),
-            ] {
+            for (name, batching) in [("batched", 64), ("unbatched", 1)] {
                 let (ops, trips) =
                     rt.block_on(run(&backend, &prefix, clients, keys, secs, batching));
                 println!(

@@ -11,7 +11,7 @@
 
 use core::time::Duration;
 
-use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, Clock, ManualClock};
+use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, Clock, ManualClock, ops};
 
 fn main() -> Result<(), Box<dyn core::error::Error>> {
     // 5 requests per second with bursts of up to 5, and at most 20 per minute on top.
@@ -34,7 +34,11 @@ fn main() -> Result<(), Box<dyn core::error::Error>> {
 
     println!("a burst of 7 requests at once:");
     for request in 1..=7 {
-        let probe = state.try_consume_and_return_remaining(&config, clock.now_nanos(), 1)?;
+        let probe = state.apply(
+            &config,
+            clock.now_nanos(),
+            &ops::TryConsumeAndReturnRemaining(1),
+        )?;
         if probe.is_consumed() {
             served += 1;
             println!(
@@ -53,18 +57,26 @@ fn main() -> Result<(), Box<dyn core::error::Error>> {
 
     // A denied probe's wait is exact: one nanosecond earlier is still too early.
     let wait = state
-        .estimate_ability_to_consume(&config, clock.now_nanos(), 1)?
+        .apply(
+            &config,
+            clock.now_nanos(),
+            &ops::EstimateAbilityToConsume(1),
+        )?
         .nanos_to_wait_for_refill();
     clock.advance_nanos(wait as i64 - 1);
-    let early = state.try_consume(&config, clock.now_nanos(), 1)?;
+    let early = state.apply(&config, clock.now_nanos(), &ops::TryConsume(1))?;
     clock.advance_nanos(1);
-    let on_time = state.try_consume(&config, clock.now_nanos(), 1)?;
+    let on_time = state.apply(&config, clock.now_nanos(), &ops::TryConsume(1))?;
     served += u64::from(early) + u64::from(on_time);
     println!("\nwaiting exactly {:?}:", Duration::from_nanos(wait));
     println!("  1 ns early: allowed = {early}; on time: allowed = {on_time}");
 
     clock.advance(Duration::from_millis(700));
-    let estimate = state.estimate_ability_to_consume(&config, clock.now_nanos(), 5)?;
+    let estimate = state.apply(
+        &config,
+        clock.now_nanos(),
+        &ops::EstimateAbilityToConsume(5),
+    )?;
     println!(
         "\n{} can 5 be consumed? {} ({} available, wait {:?})",
         at(&clock),
@@ -72,14 +84,22 @@ fn main() -> Result<(), Box<dyn core::error::Error>> {
         estimate.remaining_tokens(),
         estimate.wait_for_refill()
     );
-    let taken = state.try_consume_as_much_as_possible(&config, clock.now_nanos(), None)?;
+    let taken = state.apply(
+        &config,
+        clock.now_nanos(),
+        &ops::TryConsumeAsMuchAsPossible(None),
+    )?;
     println!("{} took as much as possible: {taken}", at(&clock));
 
     println!("\na steady 5 per second until the per-minute limit bites:");
     served += taken;
     loop {
         clock.advance(Duration::from_millis(200));
-        let probe = state.try_consume_and_return_remaining(&config, clock.now_nanos(), 1)?;
+        let probe = state.apply(
+            &config,
+            clock.now_nanos(),
+            &ops::TryConsumeAndReturnRemaining(1),
+        )?;
         if !probe.is_consumed() {
             println!(
                 "  {} denied: {served} tokens served this minute; next token in {:?}",
@@ -92,7 +112,11 @@ fn main() -> Result<(), Box<dyn core::error::Error>> {
     }
     clock.advance(Duration::from_nanos(
         state
-            .estimate_ability_to_consume(&config, clock.now_nanos(), 1)?
+            .apply(
+                &config,
+                clock.now_nanos(),
+                &ops::EstimateAbilityToConsume(1),
+            )?
             .nanos_to_wait_for_refill(),
     ));
     println!(

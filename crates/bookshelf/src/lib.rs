@@ -27,8 +27,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use bucket4rs_distributed::{Backend, ProxyManager};
-use bucket4rs_tower::{PlanTable, PlansError, RateLimit, RateLimitLayer, RequestInfo};
+use bucket4rs_core::ConfigError;
+use bucket4rs_tower::{
+    PlanTable, PlansError, RateLimit, RateLimitLayer, RateLimitLayerBuilder, RequestInfo,
+};
 use serde::{Deserialize, Serialize};
 use tower::{Layer as _, Service};
 
@@ -187,17 +189,23 @@ pub fn routes() -> Router {
 }
 
 /// The rate-limiting layer of the Bookshelf: `X-API-Key` → plan from `plans`, costs from
-/// [`cost`], buckets in `manager`.
+/// [`cost`], buckets where `store` keeps them (`RateLimitLayer::builder()` for this process,
+/// `.backend(manager)` for a shared store).
+///
+/// # Errors
+/// The store's configuration error (a key cap of zero).
 ///
 /// ```
-/// use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+/// use bucket4rs_tower::RateLimitLayer;
 /// let plans = bucket4rs_tower::PlanTable::from_toml(bookshelf::DEFAULT_PLANS)?;
-/// let layer = bookshelf::layer(ProxyManager::new(EmbeddedBackend::new()), plans);
-/// # Ok::<(), bucket4rs_tower::PlansError>(())
+/// let layer = bookshelf::layer(RateLimitLayer::builder().max_keys(10_000), plans)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn layer<B: Backend>(manager: ProxyManager<B>, plans: PlanTable) -> RateLimitLayer<B> {
-    RateLimitLayer::builder()
-        .backend(manager)
+pub fn layer(
+    store: RateLimitLayerBuilder,
+    plans: PlanTable,
+) -> Result<RateLimitLayer, ConfigError> {
+    store
         .key(bucket4rs_tower::KeyExtractor::header("x-api-key"))
         .plans(plans)
         .cost(cost)
@@ -211,16 +219,22 @@ pub fn layer<B: Backend>(manager: ProxyManager<B>, plans: PlanTable) -> RateLimi
 /// boxed service) and box its future. Both apply the layer to the same requests (axum's
 /// `Router::layer` also covers the fallback), so the answers are the same.
 ///
+/// # Errors
+/// As [`layer`].
+///
 /// ```
-/// use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+/// use bucket4rs_tower::RateLimitLayer;
 /// let plans = bucket4rs_tower::PlanTable::from_toml(bookshelf::DEFAULT_PLANS)?;
-/// let app = bookshelf::app(ProxyManager::new(EmbeddedBackend::new()), plans);
-/// # Ok::<(), bucket4rs_tower::PlansError>(())
+/// let app = bookshelf::app(RateLimitLayer::builder(), plans)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn app<B: Backend>(manager: ProxyManager<B>, plans: PlanTable) -> RateLimit<Router, B> {
+pub fn app(
+    store: RateLimitLayerBuilder,
+    plans: PlanTable,
+) -> Result<RateLimit<Router>, ConfigError> {
     // `with_state` turns the handlers into routes once, as `Router::into_make_service*`
     // does; a wrapped router would otherwise do it on every request.
-    layer(manager, plans).layer(routes().with_state(()))
+    Ok(layer(store, plans)?.layer(routes().with_state(())))
 }
 
 /// Serves `app` (the [`app`], or the bare [`routes`]) on `listener` until `shutdown`

@@ -12,6 +12,7 @@ use bookshelf::{Args, Store};
 use bucket4rs_distributed::{
     PostgresBackend, PostgresOptions, ProxyManager, RedisBackend, RedisOptions,
 };
+use bucket4rs_tower::RateLimitLayer;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -36,12 +37,9 @@ async fn run() -> Result<(), String> {
     }
     match &args.store {
         Store::Embedded => {
-            let backend = bucket4rs_tower::embedded_backend().with_max_keys(args.max_keys);
-            let manager = ProxyManager::configure(backend)
-                .key_prefix(&args.key_prefix)
-                .build()
-                .map_err(|e| format!("--key-prefix: {e}"))?;
-            serve(&args, bookshelf::app(manager, plans), "in-process").await
+            let store = RateLimitLayer::builder().max_keys(args.max_keys);
+            let app = bookshelf::app(store, plans).map_err(|e| format!("--max-keys: {e}"))?;
+            serve(&args, app, "in-process").await
         }
         Store::Redis(url) => {
             let backend = RedisBackend::connect(url, RedisOptions::default())
@@ -51,12 +49,9 @@ async fn run() -> Result<(), String> {
                 .key_prefix(&args.key_prefix)
                 .build()
                 .map_err(|e| format!("--key-prefix: {e}"))?;
-            serve(
-                &args,
-                bookshelf::app(manager, plans),
-                &format!("Redis at {url}"),
-            )
-            .await
+            let app = bookshelf::app(RateLimitLayer::builder().backend(manager), plans)
+                .map_err(|e| e.to_string())?;
+            serve(&args, app, &format!("Redis at {url}")).await
         }
         Store::Postgres(url) => {
             let backend = PostgresBackend::connect(url, PostgresOptions::default())
@@ -73,12 +68,9 @@ async fn run() -> Result<(), String> {
                 .key_prefix(&args.key_prefix)
                 .build()
                 .map_err(|e| format!("--key-prefix: {e}"))?;
-            let served = serve(
-                &args,
-                bookshelf::app(manager, plans),
-                &format!("PostgreSQL at {url}"),
-            )
-            .await;
+            let app = bookshelf::app(RateLimitLayer::builder().backend(manager), plans)
+                .map_err(|e| e.to_string())?;
+            let served = serve(&args, app, &format!("PostgreSQL at {url}")).await;
             drop(reaper);
             served
         }

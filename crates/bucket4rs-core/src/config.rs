@@ -565,6 +565,7 @@ impl BucketConfiguration {
     /// assert!(!c.needs_wall_clock());
     /// # Ok::<(), bucket4rs_core::ConfigError>(())
     /// ```
+    #[doc(hidden)]
     pub fn needs_wall_clock(&self) -> bool {
         self.bandwidths
             .iter()

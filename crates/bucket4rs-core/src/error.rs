@@ -130,7 +130,7 @@ impl core::error::Error for ConfigError {}
 ///     .build()
 ///     .unwrap();
 /// let mut state = BucketState::new(&config, 0);
-/// assert_eq!(state.try_consume(&config, 0, 0), Err(OperationError::ZeroTokens));
+/// assert_eq!(state.apply(&config, 0, &bucket4rs_core::ops::TryConsume(0)), Err(OperationError::ZeroTokens));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]

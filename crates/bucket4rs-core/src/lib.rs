@@ -18,8 +18,8 @@
 //!     .add_limit(Bandwidth::simple(20, Duration::from_secs(60))?) // 20 per minute
 //!     .build()?;
 //! let mut state = BucketState::new(&config, 0);
-//! assert!(state.try_consume(&config, 0, 20)?);
-//! let probe = state.try_consume_and_return_remaining(&config, 0, 1)?;
+//! assert!(state.apply(&config, 0, &bucket4rs_core::ops::TryConsume(20))?);
+//! let probe = state.apply(&config, 0, &bucket4rs_core::ops::TryConsumeAndReturnRemaining(1))?;
 //! assert!(!probe.is_consumed());
 //! assert_eq!(probe.wait_for_refill(), Duration::from_secs(3)); // one token every 3 s
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -15,7 +15,7 @@
 //!     .build()?;
 //! let mut slot = BucketState::new(&config, 0).bandwidths()[0];
 //! let cell = core::cell::Cell::new(slot);
-//! let taken = ops::execute(&ops::TryConsume(4), &config, 0, |_| cell.get(), |_, s| cell.set(s))?;
+//! let taken = ops::execute(&bucket4rs_core::ops::TryConsume(4), &config, 0, |_| cell.get(), |_, s| cell.set(s))?;
 //! assert!(taken);
 //! assert_eq!(cell.get().tokens(), 6);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -378,7 +378,7 @@ pub type Scaled<T> = Result<(T, Option<ScaledState>), OperationError>;
 /// # use core::time::Duration;
 /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let state = BucketState::new(&config, 0);
-/// let plan = ops::plan(&ops::TryConsume(4), &config, 0, |i| state.bandwidths()[i])?;
+/// let plan = ops::plan(&bucket4rs_core::ops::TryConsume(4), &config, 0, |i| state.bandwidths()[i])?;
 /// assert!(plan.changes());
 /// let mut tokens = 0;
 /// plan.write(|_, s| tokens = s.tokens());
@@ -409,7 +409,7 @@ impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
     /// # use core::time::Duration;
     /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// # let state = BucketState::new(&config, 0);
-    /// assert!(!ops::plan(&ops::AvailableTokens, &config, 0, |i| state.bandwidths()[i])?.changes());
+    /// assert!(!ops::plan(&bucket4rs_core::ops::AvailableTokens, &config, 0, |i| state.bandwidths()[i])?.changes());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
@@ -428,7 +428,7 @@ impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
     /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// # let state = BucketState::new(&config, 0);
     /// let mut calls = 0;
-    /// ops::plan(&ops::Reset, &config, 0, |i| state.bandwidths()[i])?.write(|_, _| calls += 1);
+    /// ops::plan(&bucket4rs_core::ops::Reset, &config, 0, |i| state.bandwidths()[i])?.write(|_, _| calls += 1);
     /// assert_eq!(calls, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -452,7 +452,7 @@ impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
     /// # use core::time::Duration;
     /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// # let state = BucketState::new(&config, 0);
-    /// assert_eq!(ops::plan(&ops::AvailableTokens, &config, 0, |i| state.bandwidths()[i])?.into_output(), 10);
+    /// assert_eq!(ops::plan(&bucket4rs_core::ops::AvailableTokens, &config, 0, |i| state.bandwidths()[i])?.into_output(), 10);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
@@ -471,7 +471,7 @@ impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
 /// # use core::time::Duration;
 /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// # let state = BucketState::new(&config, 0);
-/// assert!(ops::plan(&ops::TryConsume(0), &config, 0, |i| state.bandwidths()[i]).is_err());
+/// assert!(ops::plan(&bucket4rs_core::ops::TryConsume(0), &config, 0, |i| state.bandwidths()[i]).is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[doc(hidden)]
@@ -510,11 +510,11 @@ where
 /// # use core::time::Duration;
 /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let state = BucketState::new(&config, 0);
-/// let (taken, new) = ops::plan_one(&ops::TryConsume(3), &config, 0, || state.bandwidths()[0])
+/// let (taken, new) = ops::plan_one(&bucket4rs_core::ops::TryConsume(3), &config, 0, || state.bandwidths()[0])
 ///     .expect("one bandwidth, and try_consume has a shortcut")?;
 /// assert!(taken);
 /// assert_eq!(new.map(|s| s.tokens()), Some(7));
-/// assert!(ops::plan_one(&ops::Reset, &config, 0, || state.bandwidths()[0]).is_none());
+/// assert!(ops::plan_one(&bucket4rs_core::ops::Reset, &config, 0, || state.bandwidths()[0]).is_none());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[doc(hidden)]
@@ -550,7 +550,7 @@ where
 /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let b = &config.bandwidths()[0];
 /// let s = ScaledState::from_state(b, BucketState::new(&config, 0).bandwidths()[0]).expect("fits");
-/// let (taken, new) = ops::plan_scaled(&ops::TryConsume(3), b, 0, s).expect("shortcut")?;
+/// let (taken, new) = ops::plan_scaled(&bucket4rs_core::ops::TryConsume(3), b, 0, s).expect("shortcut")?;
 /// assert!(taken);
 /// assert_eq!(new.map(|s| s.to_state(b).tokens()), Some(7));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -596,7 +596,7 @@ pub struct Take<T> {
 /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let state = BucketState::new(&config, 0);
 /// let mut written = 0;
-/// let ok = ops::execute(&ops::TryConsume(1), &config, 0, |i| state.bandwidths()[i], |_, _| written += 1)?;
+/// let ok = ops::execute(&bucket4rs_core::ops::TryConsume(1), &config, 0, |i| state.bandwidths()[i], |_, _| written += 1)?;
 /// assert!(ok);
 /// assert_eq!(written, 1);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -710,7 +710,7 @@ impl Operation for TryConsume {
 /// # use core::time::Duration;
 /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let mut state = BucketState::new(&config, 0);
-/// let probe = state.try_consume_and_return_remaining(&config, 0, 11)?;
+/// let probe = state.apply(&config, 0, &bucket4rs_core::ops::TryConsumeAndReturnRemaining(11))?;
 /// assert!(!probe.is_consumed());
 /// assert_eq!(probe.remaining_tokens(), 10);
 /// assert_eq!(probe.nanos_to_wait_for_refill(), i64::MAX as u64); // 11 > capacity: never
@@ -732,6 +732,7 @@ impl ConsumptionProbe {
     /// # use bucket4rs_core::ConsumptionProbe;
     /// assert!(ConsumptionProbe::new(true, 1, 0, 5).is_consumed());
     /// ```
+    #[doc(hidden)]
     pub const fn new(
         consumed: bool,
         remaining: u64,
@@ -896,6 +897,7 @@ impl EstimationProbe {
     /// # use bucket4rs_core::EstimationProbe;
     /// assert_eq!(EstimationProbe::new(true, 5, 0).remaining_tokens(), 5);
     /// ```
+    #[doc(hidden)]
     pub const fn new(can_be_consumed: bool, remaining: u64, wait_for_refill: u64) -> Self {
         Self {
             can_be_consumed,

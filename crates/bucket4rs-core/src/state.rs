@@ -8,7 +8,7 @@ use strength_reduce::StrengthReducedU64;
 use crate::config::{Bandwidth, BucketConfiguration};
 use crate::error::{ConfigError, OperationError};
 use crate::math;
-use crate::ops::{self, ConsumptionProbe, EstimationProbe, Operation};
+use crate::ops::{self, Operation};
 use crate::replace::{self, TokensInheritanceStrategy};
 
 /// The state of one bandwidth: last refill time, balance and refill remainder.
@@ -430,8 +430,8 @@ impl CompactForm {
 /// # use bucket4rs_core::{Bandwidth, OperationError, ops}; use bucket4rs_core::__private::{CompactForm, CompactStop};
 /// # use core::time::Duration;
 /// let form = CompactForm::new(&Bandwidth::simple(10, Duration::from_secs(1))?, 0).expect("greedy");
-/// assert_eq!(form.plan(&ops::TryConsume(0), 0, 0), Err(CompactStop::Invalid(OperationError::ZeroTokens)));
-/// assert_eq!(form.plan(&ops::Reset, 0, 0), Err(CompactStop::Decline));
+/// assert_eq!(form.plan(&bucket4rs_core::ops::TryConsume(0), 0, 0), Err(CompactStop::Invalid(OperationError::ZeroTokens)));
+/// assert_eq!(form.plan(&bucket4rs_core::ops::Reset, 0, 0), Err(CompactStop::Decline));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[doc(hidden)]
@@ -511,10 +511,10 @@ impl core::error::Error for StateError {}
 ///     .add_limit(Bandwidth::simple(10, Duration::from_secs(1))?)
 ///     .build()?;
 /// let mut state = BucketState::new(&config, 0);
-/// assert!(state.try_consume(&config, 0, 10)?);
-/// assert!(!state.try_consume(&config, 0, 1)?);
+/// assert!(state.apply(&config, 0, &bucket4rs_core::ops::TryConsume(10))?);
+/// assert!(!state.apply(&config, 0, &bucket4rs_core::ops::TryConsume(1))?);
 /// // 100 ms later one token has been refilled.
-/// assert!(state.try_consume(&config, 100_000_000, 1)?);
+/// assert!(state.apply(&config, 100_000_000, &bucket4rs_core::ops::TryConsume(1))?);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -535,6 +535,22 @@ const INLINE_BANDWIDTHS: usize = 1;
 
 /// A state's bandwidth list, inline up to [`INLINE_BANDWIDTHS`].
 pub(crate) type Bandwidths = SmallVec<[BandwidthState; INLINE_BANDWIDTHS]>;
+
+/// A state from per-bandwidth states, in configuration order (one bandwidth is kept inline:
+/// collecting it allocates nothing).
+///
+/// ```
+/// # use bucket4rs_core::{BandwidthState, BucketState};
+/// let s: BucketState = [BandwidthState::from_parts(0, 1, 0)].into_iter().collect();
+/// assert_eq!(s.bandwidths()[0].tokens(), 1);
+/// ```
+impl FromIterator<BandwidthState> for BucketState {
+    fn from_iter<I: IntoIterator<Item = BandwidthState>>(iter: I) -> Self {
+        Self {
+            bandwidths: iter.into_iter().collect(),
+        }
+    }
+}
 
 impl BucketState {
     /// The state of a bucket built at clock reading `now`.
@@ -597,6 +613,7 @@ impl BucketState {
     /// assert_eq!(state.bandwidths()[0].tokens(), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(hidden)]
     pub fn bandwidths_mut(&mut self) -> &mut [BandwidthState] {
         &mut self.bandwidths
     }
@@ -612,6 +629,7 @@ impl BucketState {
     /// assert!(BucketState::new(&config, 0).check(&config).is_ok());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(hidden)]
     pub fn check(&self, config: &BucketConfiguration) -> Result<(), StateError> {
         let bws = config.bandwidths();
         if bws.len() != self.bandwidths.len() {
@@ -654,7 +672,7 @@ impl BucketState {
     ///     .build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// assert_eq!(state.forgettable_at(&config, 0), Some(0)); // full, like a fresh bucket
-    /// state.try_consume(&config, 0, 3)?;
+    /// state.apply(&config, 0, &bucket4rs_core::ops::TryConsume(3))?;
     /// assert_eq!(state.forgettable_at(&config, 0), Some(3_000_000_000)); // full again at 3 s
     ///
     /// let short = BucketConfiguration::builder()
@@ -704,165 +722,6 @@ impl BucketState {
         ops::execute(op, config, now, |i| cells[i].get(), |i, s| cells[i].set(s))
     }
 
-    /// Consumes `tokens` if every bandwidth has them.
-    ///
-    /// # Errors
-    /// [`OperationError::ZeroTokens`].
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
-    /// let mut state = BucketState::new(&config, 0);
-    /// assert!(state.try_consume(&config, 0, 4)?);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn try_consume(
-        &mut self,
-        config: &BucketConfiguration,
-        now: i64,
-        tokens: u64,
-    ) -> Result<bool, OperationError> {
-        self.apply(config, now, &ops::TryConsume(tokens))
-    }
-
-    /// Consumes `tokens` if possible and reports the remaining tokens and the waits.
-    ///
-    /// # Errors
-    /// [`OperationError::ZeroTokens`].
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
-    /// let mut state = BucketState::new(&config, 0);
-    /// let probe = state.try_consume_and_return_remaining(&config, 0, 10)?;
-    /// assert!(probe.is_consumed());
-    /// assert_eq!(probe.nanos_to_wait_for_reset(), 1_000_000_000);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn try_consume_and_return_remaining(
-        &mut self,
-        config: &BucketConfiguration,
-        now: i64,
-        tokens: u64,
-    ) -> Result<ConsumptionProbe, OperationError> {
-        self.apply(config, now, &ops::TryConsumeAndReturnRemaining(tokens))
-    }
-
-    /// Whether `tokens` could be consumed now, and how long to wait otherwise. Changes nothing.
-    ///
-    /// # Errors
-    /// [`OperationError::ZeroTokens`].
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
-    /// let state = BucketState::new(&config, 0);
-    /// assert!(state.estimate_ability_to_consume(&config, 0, 10)?.can_be_consumed());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn estimate_ability_to_consume(
-        &self,
-        config: &BucketConfiguration,
-        now: i64,
-        tokens: u64,
-    ) -> Result<EstimationProbe, OperationError> {
-        if config.bandwidths().len() != self.bandwidths.len() {
-            return Err(OperationError::StateMismatch);
-        }
-        let b: &[BandwidthState] = &self.bandwidths;
-        ops::execute(
-            &ops::EstimateAbilityToConsume(tokens),
-            config,
-            now,
-            |i| b[i],
-            |_, _| {},
-        )
-    }
-
-    /// Consumes as many tokens as are available, at most `limit` (`None`: no limit).
-    ///
-    /// # Errors
-    /// [`OperationError::ZeroLimit`] for `Some(0)`.
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
-    /// let mut state = BucketState::new(&config, 0);
-    /// assert_eq!(state.try_consume_as_much_as_possible(&config, 0, Some(3))?, 3);
-    /// assert_eq!(state.try_consume_as_much_as_possible(&config, 0, None)?, 7);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn try_consume_as_much_as_possible(
-        &mut self,
-        config: &BucketConfiguration,
-        now: i64,
-        limit: Option<u64>,
-    ) -> Result<u64, OperationError> {
-        self.apply(config, now, &ops::TryConsumeAsMuchAsPossible(limit))
-    }
-
-    /// Adds tokens, never above capacity.
-    ///
-    /// # Errors
-    /// [`OperationError::ZeroTokens`].
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
-    /// let mut state = BucketState::new(&config, 0);
-    /// state.add_tokens(&config, 0, 5)?;
-    /// assert_eq!(state.available_tokens(&config, 0), 10);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn add_tokens(
-        &mut self,
-        config: &BucketConfiguration,
-        now: i64,
-        tokens: u64,
-    ) -> Result<(), OperationError> {
-        self.apply(config, now, &ops::AddTokens(tokens))
-    }
-
-    /// Adds tokens, even above capacity (saturating at `i64::MAX`).
-    ///
-    /// # Errors
-    /// [`OperationError::ZeroTokens`].
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
-    /// let mut state = BucketState::new(&config, 0);
-    /// state.force_add_tokens(&config, 0, 5)?;
-    /// assert_eq!(state.available_tokens(&config, 0), 15);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn force_add_tokens(
-        &mut self,
-        config: &BucketConfiguration,
-        now: i64,
-        tokens: u64,
-    ) -> Result<(), OperationError> {
-        self.apply(config, now, &ops::ForceAddTokens(tokens))
-    }
-
-    /// Sets every bandwidth to exactly its capacity. A state that does not belong to `config`
-    /// (see [`BucketState::check`]) is left unchanged.
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
-    /// let mut state = BucketState::new(&config, 0);
-    /// state.try_consume(&config, 0, 10)?;
-    /// state.reset(&config, 0);
-    /// assert_eq!(state.available_tokens(&config, 0), 10);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn reset(&mut self, config: &BucketConfiguration, now: i64) {
-        // A state that does not belong to `config` is left unchanged, like every other
-        // operation leaves it (they report `StateMismatch`).
-        let _ = self.apply(config, now, &ops::Reset);
-    }
-
     /// The balance after refill: the minimum over the bandwidths, negative in debt.
     /// (For a state that does not belong to `config` the value is meaningless but computed
     /// without panicking; see [`BucketState::check`].)
@@ -871,67 +730,13 @@ impl BucketState {
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
     /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
-    /// state.consume_ignoring_rate_limits(&config, 0, 13)?;
+    /// state.apply(&config, 0, &bucket4rs_core::ops::ConsumeIgnoringRateLimits(13))?;
     /// assert_eq!(state.available_tokens(&config, 0), -3);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn available_tokens(&self, config: &BucketConfiguration, now: i64) -> i64 {
         let b: &[BandwidthState] = &self.bandwidths;
         ops::Refilled::new(config, now, |i| b.get(i).copied().unwrap_or_default()).available()
-    }
-
-    /// Consumes `tokens` regardless of the balance and returns the nanoseconds until the debt
-    /// is repaid (0 without debt).
-    ///
-    /// # Errors
-    /// [`OperationError::ZeroTokens`], or [`OperationError::WaitTooLong`] when the debt could
-    /// not be repaid within `i64::MAX` nanoseconds.
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
-    /// let mut state = BucketState::new(&config, 0);
-    /// assert_eq!(state.consume_ignoring_rate_limits(&config, 0, 12)?, 200_000_000);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn consume_ignoring_rate_limits(
-        &mut self,
-        config: &BucketConfiguration,
-        now: i64,
-        tokens: u64,
-    ) -> Result<u64, OperationError> {
-        self.apply(config, now, &ops::ConsumeIgnoringRateLimits(tokens))
-    }
-
-    /// Reserves `tokens` if the wait until they are paid for is at most `max_wait_nanos`;
-    /// returns the wait, or `None` (taking nothing) when it would be longer.
-    ///
-    /// # Errors
-    /// [`OperationError::ZeroTokens`] or [`OperationError::ZeroMaxWait`].
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
-    /// let mut state = BucketState::new(&config, 0);
-    /// assert_eq!(state.reserve(&config, 0, 15, 1_000_000_000)?, Some(500_000_000));
-    /// assert_eq!(state.reserve(&config, 0, 15, 1_000_000_000)?, None);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn reserve(
-        &mut self,
-        config: &BucketConfiguration,
-        now: i64,
-        tokens: u64,
-        max_wait_nanos: u64,
-    ) -> Result<Option<u64>, OperationError> {
-        self.apply(
-            config,
-            now,
-            &ops::Reserve {
-                tokens,
-                max_wait_nanos,
-            },
-        )
     }
 
     /// Replaces the configuration, carrying tokens over with `strategy` (section 7 of the
@@ -949,7 +754,7 @@ impl BucketState {
     /// let old = BucketConfiguration::builder().add_limit(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
     /// let new = BucketConfiguration::builder().add_limit(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
     /// let mut state = BucketState::new(&old, 0);
-    /// state.try_consume(&old, 0, 60)?;
+    /// state.apply(&old, 0, &bucket4rs_core::ops::TryConsume(60))?;
     /// let state = state.replace_configuration(&old, &new, 0, TokensInheritanceStrategy::Proportionally, false)?;
     /// assert_eq!(state.available_tokens(&new, 0), 80);
     /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -24,7 +24,7 @@ use crate::state::BucketState;
 ///     .add_limit(Bandwidth::simple(10, Duration::from_secs(10))?)
 ///     .build()?;
 /// let mut state = BucketState::new(&config, 0);
-/// let taken = state.try_consume(&config, 0, 4)?;
+/// let taken = state.apply(&config, 0, &bucket4rs_core::ops::TryConsume(4))?;
 /// let result = VerboseResult::new(taken, config, state, 0);
 /// assert!(*result.value());
 /// assert_eq!(result.available_tokens(), 6);
@@ -51,6 +51,7 @@ impl<T> VerboseResult<T> {
     /// assert_eq!((*r.value(), r.now_nanos()), ("x", 5));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(hidden)]
     pub fn new(
         value: T,
         configuration: BucketConfiguration,
@@ -202,7 +203,7 @@ impl<T> VerboseResult<T> {
     /// # use core::time::Duration;
     /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
-    /// state.try_consume(&config, 0, 5)?;
+    /// state.apply(&config, 0, &bucket4rs_core::ops::TryConsume(5))?;
     /// let r = VerboseResult::new((), config, state, 0);
     /// assert_eq!(r.time_until_full(), Duration::from_millis(500));
     /// # Ok::<(), Box<dyn std::error::Error>>(())

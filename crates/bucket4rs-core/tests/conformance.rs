@@ -2,6 +2,7 @@
 //!
 //! Set `BUCKET4RS_CONFORMANCE_DIR` to replay another directory of traces of the same format.
 
+use bucket4rs_core::ops;
 use bucket4rs_core::{BucketConfiguration, BucketState, Clock, ManualClock};
 use bucket4rs_test::{Engine, Op, outcome, replay_all};
 use serde_json::Value;
@@ -18,32 +19,36 @@ impl Engine for Core {
         let s = &mut self.state;
         let e = |e: bucket4rs_core::OperationError| e.to_string();
         Ok(match op {
-            Op::TryConsume(n) => Value::from(s.try_consume(c, now, *n).map_err(e)?),
-            Op::TryConsumeAndReturnRemaining(n) => {
-                outcome::probe(&s.try_consume_and_return_remaining(c, now, *n).map_err(e)?)
-            }
-            Op::EstimateAbilityToConsume(n) => {
-                outcome::estimate(&s.estimate_ability_to_consume(c, now, *n).map_err(e)?)
-            }
-            Op::TryConsumeAsMuchAsPossible(l) => {
-                Value::from(s.try_consume_as_much_as_possible(c, now, *l).map_err(e)?)
-            }
+            Op::TryConsume(n) => Value::from(s.apply(c, now, &ops::TryConsume(*n)).map_err(e)?),
+            Op::TryConsumeAndReturnRemaining(n) => outcome::probe(
+                &s.apply(c, now, &ops::TryConsumeAndReturnRemaining(*n))
+                    .map_err(e)?,
+            ),
+            Op::EstimateAbilityToConsume(n) => outcome::estimate(
+                &s.apply(c, now, &ops::EstimateAbilityToConsume(*n))
+                    .map_err(e)?,
+            ),
+            Op::TryConsumeAsMuchAsPossible(l) => Value::from(
+                s.apply(c, now, &ops::TryConsumeAsMuchAsPossible(*l))
+                    .map_err(e)?,
+            ),
             Op::AddTokens(n) => {
-                s.add_tokens(c, now, *n).map_err(e)?;
+                s.apply(c, now, &ops::AddTokens(*n)).map_err(e)?;
                 outcome::unit()
             }
             Op::ForceAddTokens(n) => {
-                s.force_add_tokens(c, now, *n).map_err(e)?;
+                s.apply(c, now, &ops::ForceAddTokens(*n)).map_err(e)?;
                 outcome::unit()
             }
             Op::Reset => {
-                s.reset(c, now);
+                s.apply(c, now, &ops::Reset).map_err(e)?;
                 outcome::unit()
             }
             Op::AvailableTokens => Value::from(s.available_tokens(c, now)),
-            Op::ConsumeIgnoringRateLimits(n) => {
-                Value::from(s.consume_ignoring_rate_limits(c, now, *n).map_err(e)?)
-            }
+            Op::ConsumeIgnoringRateLimits(n) => Value::from(
+                s.apply(c, now, &ops::ConsumeIgnoringRateLimits(*n))
+                    .map_err(e)?,
+            ),
             Op::ReplaceConfiguration(new, strategy) => {
                 let wall = self.clock.is_wall_clock_based();
                 self.state = s
@@ -56,14 +61,25 @@ impl Engine for Core {
                 tokens,
                 max_wait_nanos,
             } => {
-                let parked = s.reserve(c, now, *tokens, *max_wait_nanos).map_err(e)?;
+                let parked = s
+                    .apply(
+                        c,
+                        now,
+                        &ops::Reserve {
+                            tokens: *tokens,
+                            max_wait_nanos: *max_wait_nanos,
+                        },
+                    )
+                    .map_err(e)?;
                 if let Some(w) = parked {
                     self.clock.advance_nanos(w as i64);
                 }
                 outcome::blocking_try(parked)
             }
             Op::BlockingConsume(n) => {
-                let w = s.consume_ignoring_rate_limits(c, now, *n).map_err(e)?;
+                let w = s
+                    .apply(c, now, &ops::ConsumeIgnoringRateLimits(*n))
+                    .map_err(e)?;
                 self.clock.advance_nanos(w as i64);
                 outcome::blocking(w)
             }

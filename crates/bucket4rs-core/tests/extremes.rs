@@ -2,7 +2,7 @@
 //! that no conformance trace covers, values at the ends of the 64-bit range, every
 //! `ConfigError` variant, validation of deserialized configurations and `ManualClock`.
 
-use bucket4rs_core::ops::Refilled;
+use bucket4rs_core::ops::{self, Refilled};
 use bucket4rs_core::{
     Bandwidth, BandwidthState, BucketConfiguration, BucketState, Clock, ConfigError, ManualClock,
     OperationError, StateError, TokensInheritanceStrategy,
@@ -34,12 +34,16 @@ fn tokens_at(config: &BucketConfiguration, state: &BucketState, t: i64) -> Vec<i
 
 /// A rejected estimate of `n` reports `w`, succeeds at `now + w` and fails at `now + w - 1`.
 fn assert_exact_probe(config: &BucketConfiguration, state: &BucketState, now: i64, n: u64, w: u64) {
-    let probe = state.estimate_ability_to_consume(config, now, n).unwrap();
+    let probe = state
+        .clone()
+        .apply(config, now, &ops::EstimateAbilityToConsume(n))
+        .unwrap();
     assert!(!probe.can_be_consumed());
     assert_eq!(probe.nanos_to_wait_for_refill(), w);
     let at = |t| {
         state
-            .estimate_ability_to_consume(config, t, n)
+            .clone()
+            .apply(config, t, &ops::EstimateAbilityToConsume(n))
             .unwrap()
             .can_be_consumed()
     };
@@ -61,28 +65,45 @@ fn interval_wait_beyond_max_saturates_and_reservation_is_refused() {
         let c = config(vec![bw]);
         let mut state = BucketState::new(&c, 0);
         assert_eq!(
-            state.try_consume_as_much_as_possible(&c, 0, None),
+            state.apply(&c, 0, &ops::TryConsumeAsMuchAsPossible(None)),
             Ok(capacity)
         );
         // Two refills of 3 tokens need 2^63 ns: one more than MAX.
         for n in [4, 5] {
-            let probe = state.estimate_ability_to_consume(&c, 0, n).unwrap();
+            let probe = state
+                .apply(&c, 0, &ops::EstimateAbilityToConsume(n))
+                .unwrap();
             assert_eq!(probe.nanos_to_wait_for_refill(), MAXU);
         }
         let drained = state.clone();
         assert_eq!(
-            state.consume_ignoring_rate_limits(&c, 0, 5),
+            state.apply(&c, 0, &ops::ConsumeIgnoringRateLimits(5)),
             Err(OperationError::WaitTooLong)
         );
-        assert_eq!(state.reserve(&c, 0, 5, u64::MAX), Ok(None));
+        assert_eq!(
+            state.apply(
+                &c,
+                0,
+                &ops::Reserve {
+                    tokens: 5,
+                    max_wait_nanos: u64::MAX
+                }
+            ),
+            Ok(None)
+        );
         assert_eq!(state, drained);
         // The reset wait (capacity tokens) saturates as well.
-        let probe = state.try_consume_and_return_remaining(&c, 0, 1).unwrap();
+        let probe = state
+            .apply(&c, 0, &ops::TryConsumeAndReturnRemaining(1))
+            .unwrap();
         assert_eq!(probe.nanos_to_wait_for_reset(), MAXU);
         assert_eq!(probe.nanos_to_wait_for_refill(), period);
         // One refill is still exact, and can be reserved.
         assert_exact_probe(&c, &state, 0, 3, period);
-        assert_eq!(state.consume_ignoring_rate_limits(&c, 0, 3), Ok(period));
+        assert_eq!(
+            state.apply(&c, 0, &ops::ConsumeIgnoringRateLimits(3)),
+            Ok(period)
+        );
         assert_eq!(tokens_at(&c, &state, period as i64), vec![0]);
         assert_eq!(tokens_at(&c, &state, period as i64 - 1), vec![-3]);
     }
@@ -94,7 +115,7 @@ fn deep_debt(debt_tokens: u64) -> (BucketConfiguration, BucketState) {
     let old = config(vec![greedy(1, 1, 1)]);
     let mut state = BucketState::new(&old, 0);
     assert_eq!(
-        state.consume_ignoring_rate_limits(&old, 0, debt_tokens + 1),
+        state.apply(&old, 0, &ops::ConsumeIgnoringRateLimits(debt_tokens + 1)),
         Ok(debt_tokens)
     );
     let new = config(vec![greedy(MAXU, 1, 1)]);
@@ -115,7 +136,9 @@ fn reset_wait_uses_the_exact_deficit_beyond_max() {
     // -1 of 1 becomes -MAX of MAX: the reset deficit is 2^64 - 2.
     let (c, mut state) = deep_debt(1);
     assert_eq!(state.available_tokens(&c, 0), -MAX);
-    let probe = state.try_consume_and_return_remaining(&c, 0, 1).unwrap();
+    let probe = state
+        .apply(&c, 0, &ops::TryConsumeAndReturnRemaining(1))
+        .unwrap();
     assert!(!probe.is_consumed());
     assert_eq!(probe.remaining_tokens(), 0);
     assert_eq!(probe.nanos_to_wait_for_refill(), MAXU);
@@ -125,18 +148,33 @@ fn reset_wait_uses_the_exact_deficit_beyond_max() {
     let (c, mut state) = deep_debt(2);
     assert_eq!(state.bandwidths()[0], BandwidthState::from_parts(0, MIN, 0));
     let before = state.clone();
-    let probe = state.try_consume_and_return_remaining(&c, 0, 1).unwrap();
+    let probe = state
+        .apply(&c, 0, &ops::TryConsumeAndReturnRemaining(1))
+        .unwrap();
     assert_eq!(probe.nanos_to_wait_for_refill(), MAXU);
     assert_eq!(probe.nanos_to_wait_for_reset(), MAXU);
     assert_eq!(
-        state.consume_ignoring_rate_limits(&c, 0, 1),
+        state.apply(&c, 0, &ops::ConsumeIgnoringRateLimits(1)),
         Err(OperationError::WaitTooLong)
     );
-    assert_eq!(state.reserve(&c, 0, 1, u64::MAX), Ok(None));
-    assert_eq!(state.try_consume_as_much_as_possible(&c, 0, None), Ok(0));
+    assert_eq!(
+        state.apply(
+            &c,
+            0,
+            &ops::Reserve {
+                tokens: 1,
+                max_wait_nanos: u64::MAX
+            }
+        ),
+        Ok(None)
+    );
+    assert_eq!(
+        state.apply(&c, 0, &ops::TryConsumeAsMuchAsPossible(None)),
+        Ok(0)
+    );
     assert_eq!(state, before);
     // MIN + (2^64 - 1) = MAX reaches the capacity.
-    state.add_tokens(&c, 0, u64::MAX).unwrap();
+    state.apply(&c, 0, &ops::AddTokens(u64::MAX)).unwrap();
     assert_eq!(state.available_tokens(&c, 0), MAX);
 }
 
@@ -155,7 +193,7 @@ fn refill_after_more_than_max_nanoseconds_from_a_deep_debt_does_not_overflow() {
     let mut state = BucketState::new(&c, MIN);
     // A debt of MAX - 1 tokens is repaid after MAX - 1 ns.
     let w = state
-        .consume_ignoring_rate_limits(&c, MIN, MAXU - 1)
+        .apply(&c, MIN, &ops::ConsumeIgnoringRateLimits(MAXU - 1))
         .unwrap();
     assert_eq!(w, MAXU - 1);
     assert_eq!(state.available_tokens(&c, MIN + w as i64), 0);
@@ -164,7 +202,7 @@ fn refill_after_more_than_max_nanoseconds_from_a_deep_debt_does_not_overflow() {
     // overflow (`s + add as i64` with add = 2^63) and panic in debug builds.
     assert_eq!(state.available_tokens(&c, 0), 2);
     assert_eq!(state.available_tokens(&c, MAX), MAX);
-    assert!(state.try_consume(&c, 0, 2).unwrap());
+    assert!(state.apply(&c, 0, &ops::TryConsume(2)).unwrap());
     assert_eq!(state.bandwidths()[0], BandwidthState::from_parts(0, 0, 0));
 }
 
@@ -190,7 +228,10 @@ fn refill_across_the_whole_clock_range_with_extreme_rates() {
             assert_eq!(full as u128, expected.min(u128::from(MAXU)));
             // A wait reported from MIN is exact even when it spans most of the range.
             let n = (full as u64).clamp(1, MAXU);
-            let probe = state.estimate_ability_to_consume(&c, MIN, n).unwrap();
+            let probe = state
+                .clone()
+                .apply(&c, MIN, &ops::EstimateAbilityToConsume(n))
+                .unwrap();
             let w = probe.nanos_to_wait_for_refill();
             if w < MAXU {
                 assert_exact_probe(&c, &state, MIN, n, w);
@@ -205,19 +246,21 @@ fn refill_across_the_whole_clock_range_with_extreme_rates() {
 fn greedy_wait_includes_the_gap_after_the_clock_went_backwards() {
     let c = config(vec![greedy(10, 10, SEC as u64)]);
     let mut state = BucketState::new(&c, 0);
-    assert!(state.try_consume(&c, 10 * SEC, 10).unwrap());
+    assert!(state.apply(&c, 10 * SEC, &ops::TryConsume(10)).unwrap());
     assert_eq!(state.bandwidths()[0].last_refill_nanos(), 10 * SEC);
     // At 9 s the bucket refills nothing until 10 s, then one token takes 100 ms.
     assert_exact_probe(&c, &state, 9 * SEC, 1, 1_100_000_000);
     let probe = state
-        .try_consume_and_return_remaining(&c, 9 * SEC, 1)
+        .apply(&c, 9 * SEC, &ops::TryConsumeAndReturnRemaining(1))
         .unwrap();
     assert_eq!(probe.nanos_to_wait_for_refill(), 1_100_000_000);
     assert_eq!(probe.nanos_to_wait_for_reset(), 2 * SEC as u64);
     // No tokens were minted by going back.
     assert_eq!(state.available_tokens(&c, 9 * SEC), 0);
     assert_eq!(state.available_tokens(&c, 10 * SEC), 0);
-    let w = state.consume_ignoring_rate_limits(&c, 9 * SEC, 1).unwrap();
+    let w = state
+        .apply(&c, 9 * SEC, &ops::ConsumeIgnoringRateLimits(1))
+        .unwrap();
     assert_eq!(w, 1_100_000_000);
     assert_eq!(tokens_at(&c, &state, 9 * SEC + w as i64), vec![0]);
     assert_eq!(tokens_at(&c, &state, 9 * SEC + w as i64 - 1), vec![-1]);
@@ -246,7 +289,7 @@ fn aligned_first_refill_many_periods_ahead_waits_for_it() {
     assert_exact_probe(&c, &state, 0, 10, 600 * SEC as u64);
     let mut reserved = state.clone();
     assert_eq!(
-        reserved.consume_ignoring_rate_limits(&c, 0, 11),
+        reserved.apply(&c, 0, &ops::ConsumeIgnoringRateLimits(11)),
         Ok(660 * SEC as u64)
     );
 }
@@ -276,13 +319,17 @@ fn greedy_inheriting_a_future_last_refill_waits_for_it() {
         assert_exact_probe(&new, &state, 0, n, 546 * SEC as u64);
         // Going further back only lengthens the wait by the same amount.
         assert_exact_probe(&new, &state, -SEC, n, 547 * SEC as u64);
-        let probe = state.try_consume_and_return_remaining(&new, 0, n).unwrap();
+        let probe = state
+            .apply(&new, 0, &ops::TryConsumeAndReturnRemaining(n))
+            .unwrap();
         let deficit = capacity as i64 - state.available_tokens(&new, 0);
         assert_eq!(
             probe.nanos_to_wait_for_reset(),
             (540 * SEC + deficit * 6 * SEC) as u64
         );
-        let w = state.consume_ignoring_rate_limits(&new, 0, n).unwrap();
+        let w = state
+            .apply(&new, 0, &ops::ConsumeIgnoringRateLimits(n))
+            .unwrap();
         assert_eq!(w, 546 * SEC as u64, "{strategy:?}");
         assert!(tokens_at(&new, &state, w as i64)[0] >= 0);
         assert!(tokens_at(&new, &state, w as i64 - 1)[0] < 0);
@@ -296,32 +343,46 @@ fn extreme_token_arguments_are_handled_exactly() {
     let c = config(vec![greedy(10, 10, SEC as u64)]);
     let mut state = BucketState::new(&c, 0);
     for n in [MAXU, MAXU + 1, u64::MAX] {
-        assert_eq!(state.try_consume(&c, 0, n), Ok(false));
-        let probe = state.try_consume_and_return_remaining(&c, 0, n).unwrap();
+        assert_eq!(state.apply(&c, 0, &ops::TryConsume(n)), Ok(false));
+        let probe = state
+            .apply(&c, 0, &ops::TryConsumeAndReturnRemaining(n))
+            .unwrap();
         assert_eq!(
             (probe.remaining_tokens(), probe.nanos_to_wait_for_refill()),
             (10, MAXU)
         );
         assert_eq!(
-            state.consume_ignoring_rate_limits(&c, 0, n),
+            state.apply(&c, 0, &ops::ConsumeIgnoringRateLimits(n)),
             Err(OperationError::WaitTooLong)
         );
-        assert_eq!(state.reserve(&c, 0, n, u64::MAX), Ok(None));
+        assert_eq!(
+            state.apply(
+                &c,
+                0,
+                &ops::Reserve {
+                    tokens: n,
+                    max_wait_nanos: u64::MAX
+                }
+            ),
+            Ok(None)
+        );
     }
     assert_eq!(
-        state.try_consume_as_much_as_possible(&c, 0, Some(u64::MAX)),
+        state.apply(&c, 0, &ops::TryConsumeAsMuchAsPossible(Some(u64::MAX))),
         Ok(10)
     );
-    state.add_tokens(&c, 0, u64::MAX).unwrap();
+    state.apply(&c, 0, &ops::AddTokens(u64::MAX)).unwrap();
     assert_eq!(state.available_tokens(&c, 0), 10);
-    state.force_add_tokens(&c, 0, u64::MAX).unwrap();
+    state.apply(&c, 0, &ops::ForceAddTokens(u64::MAX)).unwrap();
     assert_eq!(state.available_tokens(&c, 0), MAX);
-    state.force_add_tokens(&c, 0, 1).unwrap();
+    state.apply(&c, 0, &ops::ForceAddTokens(1)).unwrap();
     assert_eq!(state.available_tokens(&c, 0), MAX);
     // Force-added tokens serve requests above the capacity, but probes still report MAX.
-    let probe = state.estimate_ability_to_consume(&c, 0, MAXU).unwrap();
+    let probe = state
+        .apply(&c, 0, &ops::EstimateAbilityToConsume(MAXU))
+        .unwrap();
     assert!(probe.can_be_consumed());
-    assert_eq!(state.try_consume(&c, 0, MAXU), Ok(true));
+    assert_eq!(state.apply(&c, 0, &ops::TryConsume(MAXU)), Ok(true));
     assert_eq!(state.available_tokens(&c, 0), 0);
 }
 
@@ -349,12 +410,16 @@ fn raw_states_with_extreme_fields_never_panic() {
                     for now in [MIN, 0, MAX] {
                         for n in [1, MAXU, u64::MAX] {
                             let mut copy = state.clone();
-                            let probe = copy.try_consume_and_return_remaining(c, now, n).unwrap();
+                            let probe = copy
+                                .apply(c, now, &ops::TryConsumeAndReturnRemaining(n))
+                                .unwrap();
                             assert!(probe.nanos_to_wait_for_refill() <= MAXU);
                             assert!(probe.nanos_to_wait_for_reset() <= MAXU);
-                            let _ = copy.clone().consume_ignoring_rate_limits(c, now, n);
-                            let _ = copy.clone().force_add_tokens(c, now, n);
-                            let _ = copy.clone().add_tokens(c, now, n);
+                            let _ = copy
+                                .clone()
+                                .apply(c, now, &ops::ConsumeIgnoringRateLimits(n));
+                            let _ = copy.clone().apply(c, now, &ops::ForceAddTokens(n));
+                            let _ = copy.clone().apply(c, now, &ops::AddTokens(n));
                             let _ = copy.available_tokens(c, now);
                         }
                     }

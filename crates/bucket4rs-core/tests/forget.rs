@@ -9,7 +9,7 @@
 //! must give the same answers throughout.
 
 use bucket4rs_core::ops::{
-    AddTokens, AvailableTokens, ConsumeIgnoringRateLimits, EstimateAbilityToConsume,
+    self, AddTokens, AvailableTokens, ConsumeIgnoringRateLimits, EstimateAbilityToConsume,
     ForceAddTokens, Operation, Reserve, Reset, TryConsume, TryConsumeAndReturnRemaining,
     TryConsumeAsMuchAsPossible,
 };
@@ -236,7 +236,9 @@ fn an_initial_shortfall_keeps_a_greedy_bucket_but_not_an_aligned_one_once_filled
     // The plan: a fresh bucket starts empty, so a full one must be kept (recreating
     // it would answer 429 to a client that has five tokens).
     let mut state = BucketState::new(&greedy, 0);
-    state.try_consume(&greedy, 2_500_000_000, 1).expect("valid");
+    state
+        .apply(&greedy, 2_500_000_000, &ops::TryConsume(1))
+        .expect("valid");
     assert_eq!(state.forgettable_at(&greedy, 20_000_000_000), None);
 
     // Aligned to a grid from F = 10 s, 2 per second from zero: a fresh bucket is full five

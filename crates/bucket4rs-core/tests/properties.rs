@@ -11,7 +11,7 @@
 //!
 //! Failures are persisted next to this file in `properties.proptest-regressions`.
 
-use bucket4rs_core::ops::{Mutation, Refilled};
+use bucket4rs_core::ops::{self, Mutation, Refilled};
 use bucket4rs_core::{
     Bandwidth, BandwidthState, BucketConfiguration, BucketState, ConfigError, ConsumptionProbe,
     EstimationProbe, OperationError, RefillKind, TokensInheritanceStrategy,
@@ -678,7 +678,8 @@ fn check_probe_wait(
         if let Some(t) = now.checked_add(w as i64) {
             let at = |t| {
                 state
-                    .estimate_ability_to_consume(config, t, n)
+                    .clone()
+                    .apply(config, t, &ops::EstimateAbilityToConsume(n))
                     .map(|p| p.can_be_consumed())
             };
             prop_assert_eq!(at(t), Ok(true), "not consumable after the wait {}", w);
@@ -689,7 +690,7 @@ fn check_probe_wait(
                 w
             );
             let mut copy = state.clone();
-            prop_assert_eq!(copy.try_consume(config, t, n), Ok(true));
+            prop_assert_eq!(copy.apply(config, t, &ops::TryConsume(n)), Ok(true));
         }
     }
     Ok(())
@@ -750,25 +751,40 @@ fn core_apply(
     op: &Op,
 ) -> Result<Out, OperationError> {
     Ok(match op {
-        Op::TryConsume(n) => Out::Bool(state.try_consume(config, now, *n)?),
-        Op::Probe(n) => Out::Probe(state.try_consume_and_return_remaining(config, now, *n)?),
-        Op::Estimate(n) => Out::Estimate(state.estimate_ability_to_consume(config, now, *n)?),
-        Op::AsMuch(l) => Out::Count(state.try_consume_as_much_as_possible(config, now, *l)?),
+        Op::TryConsume(n) => Out::Bool(state.apply(config, now, &ops::TryConsume(*n))?),
+        Op::Probe(n) => {
+            Out::Probe(state.apply(config, now, &ops::TryConsumeAndReturnRemaining(*n))?)
+        }
+        Op::Estimate(n) => {
+            Out::Estimate(state.apply(config, now, &ops::EstimateAbilityToConsume(*n))?)
+        }
+        Op::AsMuch(l) => {
+            Out::Count(state.apply(config, now, &ops::TryConsumeAsMuchAsPossible(*l))?)
+        }
         Op::Add(n) => {
-            state.add_tokens(config, now, *n)?;
+            state.apply(config, now, &ops::AddTokens(*n))?;
             Out::Unit
         }
         Op::ForceAdd(n) => {
-            state.force_add_tokens(config, now, *n)?;
+            state.apply(config, now, &ops::ForceAddTokens(*n))?;
             Out::Unit
         }
         Op::Reset => {
-            state.reset(config, now);
+            state.apply(config, now, &ops::Reset)?;
             Out::Unit
         }
         Op::Available => Out::Tokens(state.available_tokens(config, now)),
-        Op::Ignoring(n) => Out::Wait(state.consume_ignoring_rate_limits(config, now, *n)?),
-        Op::Reserve(n, w) => Out::Reserved(state.reserve(config, now, *n, *w)?),
+        Op::Ignoring(n) => {
+            Out::Wait(state.apply(config, now, &ops::ConsumeIgnoringRateLimits(*n))?)
+        }
+        Op::Reserve(n, w) => Out::Reserved(state.apply(
+            config,
+            now,
+            &ops::Reserve {
+                tokens: *n,
+                max_wait_nanos: *w,
+            },
+        )?),
         Op::Advance(_) | Op::Replace(..) => unreachable!("handled by the runner"),
     })
 }
@@ -1044,12 +1060,12 @@ proptest! {
             now = now.saturating_add(dt);
             latest = latest.max(now);
             let taken = match which {
-                0 => u64::from(state.try_consume(&config, now, n).unwrap()) * n,
-                1 => state.try_consume_as_much_as_possible(&config, now, Some(n)).unwrap(),
-                2 => state.consume_ignoring_rate_limits(&config, now, n).map_or(0, |_| n),
-                3 => state.reserve(&config, now, n, 1_000_000_000).unwrap().map_or(0, |_| n),
+                0 => u64::from(state.apply(&config, now, &ops::TryConsume(n)).unwrap()) * n,
+                1 => state.apply(&config, now, &ops::TryConsumeAsMuchAsPossible(Some(n))).unwrap(),
+                2 => state.apply(&config, now, &ops::ConsumeIgnoringRateLimits(n)).map_or(0, |_| n),
+                3 => state.apply(&config, now, &ops::Reserve { tokens: n, max_wait_nanos: 1_000_000_000 }).unwrap().map_or(0, |_| n),
                 _ => {
-                    let p = state.try_consume_and_return_remaining(&config, now, n).unwrap();
+                    let p = state.apply(&config, now, &ops::TryConsumeAndReturnRemaining(n)).unwrap();
                     u64::from(p.is_consumed()) * n
                 }
             };
@@ -1116,31 +1132,31 @@ proptest! {
             }
         }
         let mut s = state.clone();
-        match s.try_consume_and_return_remaining(&config, now, n) {
+        match s.apply(&config, now, &ops::TryConsumeAndReturnRemaining(n)) {
             Ok(p) => {
                 refill_at(&s, p.nanos_to_wait_for_refill())?;
                 refill_at(&s, p.nanos_to_wait_for_reset())?;
             }
             Err(e) => prop_assert!(matches!(e, OperationError::ZeroTokens | OperationError::StateMismatch)),
         }
-        if let Ok(p) = state.estimate_ability_to_consume(&config, now, n) {
+        if let Ok(p) = state.clone().apply(&config, now, &ops::EstimateAbilityToConsume(n)) {
             refill_at(&state, p.nanos_to_wait_for_refill())?;
         }
         let mut s = state.clone();
-        if let Ok(w) = s.consume_ignoring_rate_limits(&config, now, n) {
+        if let Ok(w) = s.apply(&config, now, &ops::ConsumeIgnoringRateLimits(n)) {
             prop_assert!(w < MAXU);
             refill_at(&s, w)?;
         }
         let mut s = state.clone();
-        if let Ok(Some(w)) = s.reserve(&config, now, n, max_wait) {
+        if let Ok(Some(w)) = s.apply(&config, now, &ops::Reserve { tokens: n, max_wait_nanos: max_wait }) {
             prop_assert!(w < MAXU && w <= max_wait);
             refill_at(&s, w)?;
         }
-        let _ = state.clone().try_consume(&config, now, n);
-        let _ = state.clone().try_consume_as_much_as_possible(&config, now, limit);
-        let _ = state.clone().add_tokens(&config, now, n);
-        let _ = state.clone().force_add_tokens(&config, now, n);
-        state.clone().reset(&config, now);
+        let _ = state.clone().apply(&config, now, &ops::TryConsume(n));
+        let _ = state.clone().apply(&config, now, &ops::TryConsumeAsMuchAsPossible(limit));
+        let _ = state.clone().apply(&config, now, &ops::AddTokens(n));
+        let _ = state.clone().apply(&config, now, &ops::ForceAddTokens(n));
+        let _ = state.clone().apply(&config, now, &ops::Reset);
         let _ = state.available_tokens(&config, now);
         let _ = state.check(&config);
         let new = build_config(&new_specs);
@@ -1174,19 +1190,19 @@ proptest! {
             Ok(())
         };
         let c = &config;
-        expect(&|s| s.try_consume(c, now, 0).map(drop), ZeroTokens, &state)?;
-        expect(&|s| s.try_consume_and_return_remaining(c, now, 0).map(drop), ZeroTokens, &state)?;
-        expect(&|s| s.estimate_ability_to_consume(c, now, 0).map(drop), ZeroTokens, &state)?;
-        expect(&|s| s.try_consume_as_much_as_possible(c, now, Some(0)).map(drop), ZeroLimit, &state)?;
-        expect(&|s| s.add_tokens(c, now, 0), ZeroTokens, &state)?;
-        expect(&|s| s.force_add_tokens(c, now, 0), ZeroTokens, &state)?;
-        expect(&|s| s.consume_ignoring_rate_limits(c, now, 0).map(drop), ZeroTokens, &state)?;
-        expect(&|s| s.reserve(c, now, 0, 0).map(drop), ZeroTokens, &state)?;
-        expect(&|s| s.reserve(c, now, n, 0).map(drop), ZeroMaxWait, &state)?;
+        expect(&|s| s.apply(c, now, &ops::TryConsume(0)).map(drop), ZeroTokens, &state)?;
+        expect(&|s| s.apply(c, now, &ops::TryConsumeAndReturnRemaining(0)).map(drop), ZeroTokens, &state)?;
+        expect(&|s| s.apply(c, now, &ops::EstimateAbilityToConsume(0)).map(drop), ZeroTokens, &state)?;
+        expect(&|s| s.apply(c, now, &ops::TryConsumeAsMuchAsPossible(Some(0))).map(drop), ZeroLimit, &state)?;
+        expect(&|s| s.apply(c, now, &ops::AddTokens(0)), ZeroTokens, &state)?;
+        expect(&|s| s.apply(c, now, &ops::ForceAddTokens(0)), ZeroTokens, &state)?;
+        expect(&|s| s.apply(c, now, &ops::ConsumeIgnoringRateLimits(0)).map(drop), ZeroTokens, &state)?;
+        expect(&|s| s.apply(c, now, &ops::Reserve { tokens: 0, max_wait_nanos: 0 }).map(drop), ZeroTokens, &state)?;
+        expect(&|s| s.apply(c, now, &ops::Reserve { tokens: n, max_wait_nanos: 0 }).map(drop), ZeroMaxWait, &state)?;
         // A reservation that can never be repaid is refused and changes nothing.
-        expect(&|s| s.consume_ignoring_rate_limits(c, now, u64::MAX).map(drop), WaitTooLong, &state)?;
+        expect(&|s| s.apply(c, now, &ops::ConsumeIgnoringRateLimits(u64::MAX)).map(drop), WaitTooLong, &state)?;
         let mut copy = state.clone();
-        prop_assert_eq!(copy.reserve(c, now, u64::MAX, u64::MAX), Ok(None));
+        prop_assert_eq!(copy.apply(c, now, &ops::Reserve { tokens: u64::MAX, max_wait_nanos: u64::MAX }), Ok(None));
         prop_assert_eq!(&copy, &state);
 
         // A state with one bandwidth too many or too few.
@@ -1198,18 +1214,15 @@ proptest! {
         }
         let wrong = BucketState::from_bandwidths(wrong);
         prop_assert!(wrong.check(c).is_err());
-        expect(&|s| s.try_consume(c, now, n).map(drop), StateMismatch, &wrong)?;
-        expect(&|s| s.try_consume_and_return_remaining(c, now, n).map(drop), StateMismatch, &wrong)?;
-        expect(&|s| s.estimate_ability_to_consume(c, now, n).map(drop), StateMismatch, &wrong)?;
-        expect(&|s| s.try_consume_as_much_as_possible(c, now, None).map(drop), StateMismatch, &wrong)?;
-        expect(&|s| s.add_tokens(c, now, n), StateMismatch, &wrong)?;
-        expect(&|s| s.force_add_tokens(c, now, n), StateMismatch, &wrong)?;
-        expect(&|s| s.consume_ignoring_rate_limits(c, now, n).map(drop), StateMismatch, &wrong)?;
-        expect(&|s| s.reserve(c, now, n, u64::MAX).map(drop), StateMismatch, &wrong)?;
-        expect(&|s| s.apply(c, now, &bucket4rs_core::ops::Reset), StateMismatch, &wrong)?;
-        let mut copy = wrong.clone();
-        copy.reset(c, now);
-        prop_assert_eq!(&copy, &wrong, "reset changed a state that does not belong to the configuration");
+        expect(&|s| s.apply(c, now, &ops::TryConsume(n)).map(drop), StateMismatch, &wrong)?;
+        expect(&|s| s.apply(c, now, &ops::TryConsumeAndReturnRemaining(n)).map(drop), StateMismatch, &wrong)?;
+        expect(&|s| s.apply(c, now, &ops::EstimateAbilityToConsume(n)).map(drop), StateMismatch, &wrong)?;
+        expect(&|s| s.apply(c, now, &ops::TryConsumeAsMuchAsPossible(None)).map(drop), StateMismatch, &wrong)?;
+        expect(&|s| s.apply(c, now, &ops::AddTokens(n)), StateMismatch, &wrong)?;
+        expect(&|s| s.apply(c, now, &ops::ForceAddTokens(n)), StateMismatch, &wrong)?;
+        expect(&|s| s.apply(c, now, &ops::ConsumeIgnoringRateLimits(n)).map(drop), StateMismatch, &wrong)?;
+        expect(&|s| s.apply(c, now, &ops::Reserve { tokens: n, max_wait_nanos: u64::MAX }).map(drop), StateMismatch, &wrong)?;
+        expect(&|s| s.apply(c, now, &ops::Reset), StateMismatch, &wrong)?;
 
         // Aligned refill on a clock that is not wall-clock based: rejected for every strategy.
         let aligned = Bandwidth::builder()

@@ -16,8 +16,7 @@ use core::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::BackendError;
-use crate::format::{self, Record};
-use crate::key::{StorageKey, StorageKeyRef};
+use crate::key::StorageKey;
 
 /// What a transaction asks the backend to do with the key.
 ///
@@ -39,49 +38,6 @@ pub enum Write {
         record: Vec<u8>,
         /// When the key may expire.
         ttl: Option<Duration>,
-    },
-}
-
-/// What [`Transaction::apply_decoded`] did to a key held as a decoded [`Record`].
-///
-/// ```
-/// use bucket4rs_distributed::DecodedWrite;
-/// assert_eq!(DecodedWrite::Keep, DecodedWrite::Keep);
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DecodedWrite {
-    /// Nothing changed: leave the key as it is (an absent key stays absent).
-    Keep,
-    /// The record passed in was updated in place; it may expire after `ttl` (`None`: never).
-    Updated {
-        /// When the key may expire, from now.
-        ttl: Option<Duration>,
-    },
-    /// The key had no record: store this one; it may expire after `ttl` (`None`: never).
-    Created {
-        /// The new record.
-        record: Record,
-        /// When the key may expire, from now.
-        ttl: Option<Duration>,
-    },
-    /// Only from [`Transaction::apply_decoded_lazy`]: the record passed in was updated in
-    /// place by an operation that only takes tokens (a consumption or a reservation; same
-    /// configuration), so the instant its bucket is full again did not move earlier, and an
-    /// expiry computed for the key before is still a lower bound of the new one. Its TTL
-    /// was left uncomputed: it is [`Record::ttl`]`(now, margin)` of the updated record, the
-    /// value [`Updated`](Self::Updated) would have carried.
-    ///
-    /// ```
-    /// use bucket4rs_distributed::DecodedWrite;
-    /// let w = DecodedWrite::Consumed { now: 5, margin: std::time::Duration::ZERO };
-    /// assert_ne!(w, DecodedWrite::Keep);
-    /// ```
-    Consumed {
-        /// The operation's instant (on the clock it computed with).
-        now: i64,
-        /// The manager's TTL margin.
-        margin: Duration,
     },
 }
 
@@ -166,54 +122,6 @@ pub trait Transaction: Send {
     /// the Unix epoch) when [`needs_backend_clock`](Self::needs_backend_clock), or a value
     /// of [`client_now`](Self::client_now); with `None` the client clock is read.
     fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write;
-
-    /// [`apply`](Self::apply) for in-process backends that keep records decoded (the
-    /// [`EmbeddedBackend`](crate::EmbeddedBackend)): works on `current` in place, with no
-    /// decoding, checksum, encoding or allocation of record bytes. Same contract and same
-    /// results as `apply`: on an error `current` is left untouched and the answer is
-    /// [`DecodedWrite::Keep`].
-    ///
-    /// The default goes through the byte path (encodes `current`, calls `apply`, decodes
-    /// what it writes), so transactions written before this method existed keep working;
-    /// written bytes that do not decode leave the key unchanged. The manager's transactions
-    /// override it.
-    fn apply_decoded(
-        &mut self,
-        current: Option<&mut Record>,
-        backend_now: Option<i64>,
-    ) -> DecodedWrite {
-        let bytes = current
-            .as_deref()
-            .map(|r| format::encode(&r.config, &r.state));
-        match self.apply(bytes.as_deref(), backend_now) {
-            Write::Keep => DecodedWrite::Keep,
-            Write::Put { record, ttl } => match (format::decode(&record), current) {
-                (Ok(decoded), Some(current)) => {
-                    *current = decoded;
-                    DecodedWrite::Updated { ttl }
-                }
-                (Ok(decoded), None) => DecodedWrite::Created {
-                    record: decoded,
-                    ttl,
-                },
-                (Err(_), _) => DecodedWrite::Keep,
-            },
-        }
-    }
-
-    /// [`apply_decoded`](Self::apply_decoded) for backends that keep track of expiry
-    /// lazily (the [`EmbeddedBackend`](crate::EmbeddedBackend)): the same, except that an
-    /// update in place by an operation that only takes tokens may be answered with
-    /// [`DecodedWrite::Consumed`], leaving the TTL for the backend to compute if and when it
-    /// needs it (once the previous expiry, a lower bound, has passed). The default calls
-    /// `apply_decoded`; the manager's transactions override it.
-    fn apply_decoded_lazy(
-        &mut self,
-        current: Option<&mut Record>,
-        backend_now: Option<i64>,
-    ) -> DecodedWrite {
-        self.apply_decoded(current, backend_now)
-    }
 }
 
 /// Whether and how a backend can tell the time (for [`TimeSource::backend`](crate::TimeSource::backend)).
@@ -305,48 +213,6 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn is_in_process(&self) -> bool {
         false
     }
-
-    /// Whether [`transact_now`](Self::transact_now) is implemented (it then never answers
-    /// `None`). Default: `false`. The [`EmbeddedBackend`](crate::EmbeddedBackend) says `true`.
-    ///
-    /// ```
-    /// use bucket4rs_distributed::{Backend, EmbeddedBackend};
-    /// assert!(EmbeddedBackend::new().supports_transact_now());
-    /// ```
-    fn supports_transact_now(&self) -> bool {
-        false
-    }
-
-    /// [`transact`](Self::transact) run to completion synchronously, on the calling thread,
-    /// for backends that can (see [`supports_transact_now`](Self::supports_transact_now)):
-    /// same contract and same effect as `transact`. `None` when this backend cannot (the
-    /// default). The manager's synchronous entry point
-    /// ([`ProxyManager::in_process_bucket`](crate::ProxyManager::in_process_bucket)) calls
-    /// it; the key is borrowed, so a backend that finds the key needs no owned copy.
-    ///
-    /// ```
-    /// # use bucket4rs_distributed::{Backend, EmbeddedBackend, KeyPolicy, Transaction, Write, Command};
-    /// # struct Noop;
-    /// # impl Transaction for Noop {
-    /// #     fn command(&self) -> Command { Command::AvailableTokens }
-    /// #     fn needs_backend_clock(&self) -> bool { true }
-    /// #     fn client_now(&self) -> Option<i64> { None }
-    /// #     fn ttl_margin(&self) -> std::time::Duration { std::time::Duration::ZERO }
-    /// #     fn apply(&mut self, _: Option<&[u8]>, _: Option<i64>) -> Write { Write::Keep }
-    /// # }
-    /// let key = KeyPolicy::new("p")?.key("k")?;
-    /// let backend = EmbeddedBackend::new();
-    /// assert!(matches!(backend.transact_now(key.as_key_ref(), &mut Noop), Some(Ok(()))));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    fn transact_now(
-        &self,
-        key: StorageKeyRef<'_>,
-        tx: &mut dyn Transaction,
-    ) -> Option<Result<(), BackendError>> {
-        let _ = (key, tx);
-        None
-    }
 }
 
 #[async_trait]
@@ -369,15 +235,5 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn is_in_process(&self) -> bool {
         (**self).is_in_process()
-    }
-    fn supports_transact_now(&self) -> bool {
-        (**self).supports_transact_now()
-    }
-    fn transact_now(
-        &self,
-        key: StorageKeyRef<'_>,
-        tx: &mut dyn Transaction,
-    ) -> Option<Result<(), BackendError>> {
-        (**self).transact_now(key, tx)
     }
 }

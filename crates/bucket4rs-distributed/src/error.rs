@@ -92,10 +92,13 @@ impl StdError for FormatError {
 /// Why a key cannot be used.
 ///
 /// ```
-/// use bucket4rs_distributed::{KeyError, KeyPolicy};
-/// let policy = KeyPolicy::new("rl")?.max_len(16);
-/// assert!(matches!(policy.key(&[b'x'; 100]), Err(KeyError::TooLong { .. })));
-/// # Ok::<(), KeyError>(())
+/// use bucket4rs_distributed::{DistributedError, EmbeddedBackend, KeyError, ProxyManager};
+/// let manager = ProxyManager::configure(EmbeddedBackend::new()).max_key_len(16).build()?;
+/// assert!(matches!(
+///     manager.storage_key([b'x'; 100]),
+///     Err(DistributedError::Key(KeyError::TooLong { .. }))
+/// ));
+/// # Ok::<(), DistributedError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -33,14 +33,18 @@ use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, BucketState
 use crate::error::FormatError;
 
 /// The record magic.
+#[doc(hidden)]
 pub const MAGIC: [u8; 4] = *b"b4rs";
 /// The format version this library writes (and the newest it reads).
 pub const VERSION: u8 = 1;
 /// Bytes before the first bandwidth block.
+#[doc(hidden)]
 pub const HEADER_LEN: usize = 12;
 /// Bytes of one bandwidth block.
+#[doc(hidden)]
 pub const BLOCK_LEN: usize = 56;
 /// Offset of `last refill` inside a block (then `tokens` at +8 and `remainder` at +16).
+#[doc(hidden)]
 pub const STATE_OFFSET: usize = 32;
 
 const KIND_GREEDY: u8 = 0;
@@ -66,26 +70,6 @@ pub struct Record {
     pub config: BucketConfiguration,
     /// The stored state (checked to fit the configuration).
     pub state: BucketState,
-}
-
-impl Record {
-    /// How long after `now` the key may expire: the time until every bandwidth is full
-    /// again (from the state refilled to `now`), plus `margin`; `None` when it never will
-    /// be. The TTL the manager's transactions give with a write made at `now`.
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState};
-    /// # use bucket4rs_distributed::format::Record; use std::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
-    /// let mut state = BucketState::new(&config, 0);
-    /// assert!(state.try_consume(&config, 0, 5)?);
-    /// let record = Record { config, state };
-    /// assert_eq!(record.ttl(0, Duration::from_secs(1)), Some(Duration::from_millis(1500)));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn ttl(&self, now: i64, margin: Duration) -> Option<Duration> {
-        crate::manager::ttl_of(&self.config, &self.state, now, margin)
-    }
 }
 
 fn fnv1a(bytes: impl IntoIterator<Item = u8>, mut h: u32) -> u32 {
@@ -347,19 +331,11 @@ pub fn decode(bytes: &[u8]) -> Result<Record, FormatError> {
     Ok(Record { config, state })
 }
 
-/// Whether a configuration can be stored: at most `u16::MAX` bandwidths and ids of at most
-/// `u16::MAX` bytes.
+/// Whether `config` fits the format (at most 65,535 bandwidths, ids of at most 65,535 bytes).
 ///
 /// # Errors
-/// [`FormatError::Invalid`] naming the field that does not fit.
-///
-/// ```
-/// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
-/// assert!(bucket4rs_distributed::format::check_storable(&config).is_ok());
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub fn check_storable(config: &BucketConfiguration) -> Result<(), FormatError> {
+/// [`FormatError::Invalid`] naming what does not fit.
+pub(crate) fn check_storable(config: &BucketConfiguration) -> Result<(), FormatError> {
     if config.bandwidths().len() > u16::MAX as usize {
         return Err(FormatError::Invalid {
             what: "bandwidth count",

@@ -11,12 +11,14 @@
 //!   no state yet); replacing it is explicit. Async first (tokio), with a
 //!   [blocking form](RemoteBucket::blocking) and a [verbose form](RemoteBucket::verbose).
 //! - [`Backend`] is the public storage trait (see `docs/custom-backend.md`).
-//! - [`EmbeddedBackend`] (default): in-process, bounded memory, usable as a keyed limiter.
+//! - [`EmbeddedBackend`] (default): in-process, bounded memory: the local
+//!   [`KeyedBucket`](bucket4rs_local::KeyedBucket)'s map behind the backend trait (for a
+//!   per-key limit in one process without the async manager, use the keyed bucket itself).
 //! - `RedisBackend` (feature `redis`): one round trip per operation, atomic under any number
 //!   of clients, exact despite Lua's doubles (see `docs/distributed.md`).
 //! - `PostgresBackend` (feature `postgres`): one statement per operation in the common case,
 //!   shipped schema and migration, expiry reaper (see `docs/distributed.md`).
-//! - [`format`](mod@format): the compact, versioned record; [`KeyPolicy`]: safe key names;
+//! - [`format`](mod@format): the compact, versioned record; [`StorageKey`]: safe key names;
 //!   [`FailurePolicy`]: what to do when the backend is down.
 //!
 //! ```
@@ -46,28 +48,27 @@
 mod backend;
 mod embedded;
 mod error;
+#[doc(hidden)]
 pub mod format;
 mod key;
 mod manager;
 mod policy;
 #[cfg(feature = "postgres")]
-mod postgres_backend;
+mod postgres;
+mod record;
 #[cfg(feature = "redis")]
 mod redis_backend;
 
-pub use backend::{Backend, BackendClock, Command, DecodedWrite, Transaction, Write};
+pub use backend::{Backend, BackendClock, Command, Transaction, Write};
 pub use embedded::EmbeddedBackend;
 pub use error::{BackendError, BackendErrorKind, DistributedError, FormatError, KeyError};
-pub use key::{KeyPolicy, StorageKey, StorageKeyRef};
+pub use key::StorageKey;
 pub use manager::{
-    Batching, BlockingRemoteBucket, InProcessBucket, LiveTake, ManagerBuilder, ProxyManager,
-    RemoteBucket, RemoteBucketBuilder, RetryPolicy, TimeSource, Verbose, VerboseRef,
-    VerboseRemoteBucket,
+    BlockingRemoteBucket, ManagerBuilder, ProxyManager, RemoteBucket, RemoteBucketBuilder,
+    RetryPolicy, TimeSource, VerboseRemoteBucket,
 };
 pub use policy::{Decision, FailurePolicy};
 #[cfg(feature = "postgres")]
-pub use postgres_backend::{
-    InvalidTableName, PostgresBackend, PostgresOptions, PostgresStats, Reaper,
-};
+pub use postgres::{InvalidTableName, PostgresBackend, PostgresOptions, PostgresStats, Reaper};
 #[cfg(feature = "redis")]
 pub use redis_backend::{RedisBackend, RedisOptions, RedisStats};

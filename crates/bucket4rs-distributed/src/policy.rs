@@ -1,12 +1,17 @@
 //! What to do when the backend cannot answer: fail, deny, or fall back to a local limit —
 //! never a silent allow.
 
-use bucket4rs_core::BucketConfiguration;
+use std::sync::Arc;
+
+use bucket4rs_core::{BucketConfiguration, ConfigError};
+use bucket4rs_local::{KeyedBucket, KeyedError};
 
 use crate::backend::Backend;
-use crate::embedded::EmbeddedBackend;
 use crate::error::DistributedError;
-use crate::manager::{ProxyManager, RemoteBucket};
+use crate::manager::RemoteBucket;
+
+/// The keys the fallback limit holds at most: past that, new keys are denied.
+const FALLBACK_KEYS: usize = 100_000;
 
 /// The outcome of a call guarded by a [`FailurePolicy`].
 ///
@@ -51,10 +56,7 @@ impl Decision {
 enum Kind {
     Error,
     Deny,
-    Fallback {
-        manager: ProxyManager<EmbeddedBackend>,
-        config: BucketConfiguration,
-    },
+    Fallback(Arc<KeyedBucket<Box<[u8]>>>),
 }
 
 /// Applies a policy when a call fails because the backend is unavailable (timeout or
@@ -77,7 +79,7 @@ enum Kind {
 /// let manager = ProxyManager::new(EmbeddedBackend::new());
 /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let local = BucketConfiguration::builder().add_limit(Bandwidth::simple(2, Duration::from_secs(1))?).build()?;
-/// let policy = FailurePolicy::fallback(local);
+/// let policy = FailurePolicy::fallback(local)?;
 /// let bucket = manager.builder().build("k", move || config.clone())?;
 /// assert!(policy.try_consume(&bucket, 1).await?.is_allowed());
 /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
@@ -105,8 +107,11 @@ impl FailurePolicy {
         Self(Kind::Deny)
     }
 
-    /// Decide with a local per-key bucket of `config` (at most 100 000 keys in memory; past
-    /// that, new keys are denied).
+    /// Decide with a local per-key bucket of `config` (a [`KeyedBucket`] of at most 100,000
+    /// keys; past that, new keys are denied).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] if `config` needs a clock the local buckets do not have.
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
@@ -114,11 +119,12 @@ impl FailurePolicy {
     /// let p = bucket4rs_distributed::FailurePolicy::fallback(local);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn fallback(config: BucketConfiguration) -> Self {
-        Self(Kind::Fallback {
-            manager: ProxyManager::new(EmbeddedBackend::new().with_max_keys(100_000)),
-            config,
-        })
+    pub fn fallback(config: BucketConfiguration) -> Result<Self, ConfigError> {
+        let local = KeyedBucket::builder()
+            .with_configuration(&config)
+            .max_keys(FALLBACK_KEYS)
+            .build()?;
+        Ok(Self(Kind::Fallback(Arc::new(local))))
     }
 
     /// `bucket.try_consume(tokens)` under this policy.
@@ -146,22 +152,45 @@ impl FailurePolicy {
     ) -> Result<Decision, DistributedError> {
         match bucket.try_consume(tokens).await {
             Ok(v) => Ok(Decision::Remote(v)),
-            Err(e) if !e.is_unavailable() => Err(e),
-            Err(e) => match &self.0 {
-                Kind::Error => Err(e),
-                Kind::Deny => Ok(Decision::DeniedOnFailure),
-                Kind::Fallback { manager, config } => {
-                    let c = config.clone();
-                    let local = manager
-                        .builder()
-                        .build(bucket.key().as_bytes(), move || c.clone())?;
-                    match local.try_consume(tokens).await {
-                        Ok(v) => Ok(Decision::Fallback(v)),
-                        // The local limiter is full of keys: deny rather than allow blindly.
-                        Err(e2) if e2.is_unavailable() => Ok(Decision::DeniedOnFailure),
-                        Err(e2) => Err(e2),
-                    }
-                }
+            Err(e) if e.is_unavailable() => self.on_failure(bucket.key().as_bytes(), tokens, e),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What the policy decides for `tokens` of `key` when the backend failed with `error`
+    /// (an [unavailable](DistributedError::is_unavailable) one): the error itself, a denial,
+    /// or the fallback limit's answer for `key` (denied when its key cap is full).
+    ///
+    /// # Errors
+    /// `error`, under [`error`](Self::error); an invalid `tokens` (zero).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// use bucket4rs_distributed::{Decision, DistributedError, FailurePolicy};
+    /// let local = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(60))?).build()?;
+    /// let policy = FailurePolicy::fallback(local)?;
+    /// let down = || DistributedError::Timeout { after: Duration::from_secs(1) };
+    /// assert_eq!(policy.on_failure(b"client", 1, down())?, Decision::Fallback(true));
+    /// assert_eq!(policy.on_failure(b"client", 1, down())?, Decision::Fallback(false));
+    /// assert_eq!(FailurePolicy::deny().on_failure(b"client", 1, down())?, Decision::DeniedOnFailure);
+    /// assert!(FailurePolicy::error().on_failure(b"client", 1, down()).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_failure(
+        &self,
+        key: &[u8],
+        tokens: u64,
+        error: DistributedError,
+    ) -> Result<Decision, DistributedError> {
+        match &self.0 {
+            Kind::Error => Err(error),
+            Kind::Deny => Ok(Decision::DeniedOnFailure),
+            Kind::Fallback(local) => match local.try_consume(key, tokens) {
+                Ok(consumed) => Ok(Decision::Fallback(consumed)),
+                // The local limiter is full of keys: deny rather than allow blindly.
+                Err(KeyedError::TooManyKeys { .. }) => Ok(Decision::DeniedOnFailure),
+                Err(KeyedError::Operation(e)) => Err(e.into()),
+                Err(_) => Ok(Decision::DeniedOnFailure),
             },
         }
     }

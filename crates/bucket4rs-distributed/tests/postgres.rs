@@ -242,7 +242,7 @@ fn the_locking_fallback_creates_and_updates_exactly_and_hands_back_to_compare_an
         let mut fallback_rts = 0;
         for t in tasks {
             let (v, stats) = t.await.unwrap();
-            assert!(v.expect("no surfaced error").value, "{stats:?}");
+            assert!(*v.expect("no surfaced error").value(), "{stats:?}");
             assert_eq!(stats.pessimistic, 1, "{stats:?}");
             fallback_rts += stats.round_trips;
         }
@@ -271,11 +271,11 @@ fn the_locking_fallback_creates_and_updates_exactly_and_hands_back_to_compare_an
             .await
             .unwrap()
             .get(0);
-        assert!(v.value);
+        assert!(*v.value());
         assert!(
-            (0..5_000_000_000).contains(&(db_now - v.now_nanos)),
+            (0..5_000_000_000).contains(&(db_now - v.now_nanos())),
             "computed {} ns before the database clock",
-            db_now - v.now_nanos
+            db_now - v.now_nanos()
         );
 
         // Two clients allowed ONE optimistic round each, alternating on one key: every
@@ -512,7 +512,7 @@ fn the_database_clock_costs_one_statement_per_operation() {
         // Connected before the reading, so the gap below is one loopback statement.
         let checker = raw().await;
         let v = b.verbose().available_tokens().await.unwrap();
-        assert_eq!(v.value, 0);
+        assert_eq!(*v.value(), 0);
         let db_now: i64 = checker
             .query_one(
                 "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::int8",
@@ -523,7 +523,7 @@ fn the_database_clock_costs_one_statement_per_operation() {
             .get(0);
         // At most the 50 ms tolerance the server held the estimate to, plus that statement
         // (generous for a loaded machine); never ahead of the database clock.
-        let behind = db_now - v.now_nanos;
+        let behind = db_now - v.now_nanos();
         assert!(
             (0..250_000_000).contains(&behind),
             "computed {behind} ns before the database clock"
@@ -996,10 +996,13 @@ fn the_blocking_form_works_from_a_plain_thread() {
         .build("k", || simple(5, Duration::from_secs(1_000)))
         .unwrap();
     let blocking = b.blocking(rt.handle().clone());
-    let granted =
-        std::thread::spawn(move || (0..10).filter(|_| blocking.try_consume(1).unwrap()).count())
-            .join()
-            .unwrap();
+    let granted = std::thread::spawn(move || {
+        (0..10)
+            .filter(|_| blocking.block_on(|b| b.try_consume(1)).unwrap())
+            .count()
+    })
+    .join()
+    .unwrap();
     assert_eq!(granted, 5);
     assert!(rt.block_on(b.raw_record()).unwrap().is_some());
 }

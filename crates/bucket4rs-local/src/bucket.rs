@@ -84,6 +84,7 @@ impl<S, C, L> Bucket<S, C, L> {
     /// assert_eq!(bucket.storage().contention_retries(), 0);
     /// # Ok::<(), bucket4rs_local::ConfigError>(())
     /// ```
+    #[doc(hidden)]
     pub fn storage(&self) -> &S {
         &self.storage
     }

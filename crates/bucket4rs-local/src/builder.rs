@@ -230,21 +230,6 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
         self.build_storage()
     }
 
-    /// Same as [`build`](Self::build), named for symmetry.
-    ///
-    /// # Errors
-    /// See [`build`](Self::build).
-    ///
-    /// ```
-    /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// let b = Bucket::builder().add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1))).build_lock_free()?;
-    /// assert!(b.try_consume(1)?);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn build_lock_free(self) -> Result<LockFreeBucket<C, L>, ConfigError> {
-        self.build_storage()
-    }
-
     /// Builds a bucket behind a `parking_lot` mutex.
     ///
     /// # Errors

@@ -61,3 +61,53 @@ pub use bucket4rs_core::{
     OperationError, RefillKind, StateError, SystemMillisClock, SystemNanosClock,
     TokensInheritanceStrategy, VerboseResult,
 };
+
+/// What the other bucket4rs crates need from this one, outside semver: the keyed bucket as a
+/// store of configurations and states its callers bring (the distributed crate's embedded
+/// backend). Not for use outside bucket4rs.
+#[doc(hidden)]
+pub mod __private {
+    use core::borrow::Borrow;
+    use core::hash::{BuildHasher, Hash};
+
+    use bucket4rs_core::{BucketConfiguration, BucketListener, BucketState, Clock, ConfigError};
+
+    pub use crate::keyed::Update;
+    use crate::keyed::{KeyedBucket, KeyedError};
+
+    /// A keyed bucket whose keys' configurations come with [`update`] (none of its own): its
+    /// buckets are synchronized ones of their own configuration, never the compact word (the
+    /// callers may run on another clock than `clock`, which only decides when a bucket is
+    /// forgotten), and a bucket is forgotten when one recreated from its own configuration
+    /// would answer the same.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroMaxKeys`].
+    pub fn record_store<K: Hash + Eq, C: Clock>(
+        clock: C,
+        max_keys: Option<usize>,
+    ) -> Result<KeyedBucket<K, C>, ConfigError> {
+        KeyedBucket::stored(clock, max_keys)
+    }
+
+    /// Runs `f` on `key`'s configuration and state (`None`: no bucket) at the store's
+    /// reading, with exclusive access to the key, and stores what it answers.
+    ///
+    /// # Errors
+    /// [`KeyedError::TooManyKeys`] when a new key does not fit.
+    pub fn update<K, C, L, S, Q, T>(
+        keyed: &KeyedBucket<K, C, L, S>,
+        key: &Q,
+        f: impl FnOnce(Option<(&BucketConfiguration, &BucketState)>, i64) -> (T, Update),
+    ) -> Result<T, KeyedError>
+    where
+        K: Hash + Eq + Borrow<Q>,
+        C: Clock,
+        L: BucketListener,
+        S: BuildHasher + Clone,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        keyed.update(key, f)
+    }
+}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use bucket4rs_core::ops;
 use bucket4rs_local::{
     Bandwidth, Bucket, BucketConfiguration, BucketListener, ConfigError, KeyedBucket, KeyedError,
     ManualClock, OperationError, TokensInheritanceStrategy, UnsyncBucket,
@@ -318,13 +319,32 @@ fn keyed_answer(k: &KeyedBucket<String, ManualClock>, key: &str, op: &Op) -> Str
         Op::TryConsume(n) => format!("{:?}", k.try_consume(key, *n).ok()),
         Op::Probe(n) => format!("{:?}", k.try_consume_and_return_remaining(key, *n).ok()),
         Op::Estimate(n) => format!("{:?}", k.estimate_ability_to_consume(key, *n).ok()),
-        Op::AsMuchAsPossible(l) => format!("{:?}", k.try_consume_as_much_as_possible(key, *l).ok()),
+        Op::AsMuchAsPossible(l) => format!(
+            "{:?}",
+            k.execute(key, ops::TryConsumeAsMuchAsPossible(*l)).ok()
+        ),
         Op::Add(n) => format!("{:?}", k.add_tokens(key, *n).ok()),
         Op::ForceAdd(n) => format!("{:?}", k.force_add_tokens(key, *n).ok()),
         Op::Reset => format!("{:?}", k.reset(key).ok()),
         Op::Available => format!("{:?}", k.available_tokens(key).ok()),
-        Op::IgnoringLimits(n) => format!("{:?}", k.consume_ignoring_rate_limits(key, *n).ok()),
-        Op::Reserve(n, w) => format!("{:?}", k.reserve(key, *n, Duration::from_nanos(*w)).ok()),
+        Op::IgnoringLimits(n) => format!(
+            "{:?}",
+            k.execute(key, ops::ConsumeIgnoringRateLimits(*n))
+                .ok()
+                .map(Duration::from_nanos)
+        ),
+        Op::Reserve(n, w) => format!(
+            "{:?}",
+            k.execute(
+                key,
+                ops::Reserve {
+                    tokens: *n,
+                    max_wait_nanos: *w
+                }
+            )
+            .ok()
+            .map(|r| r.map(Duration::from_nanos))
+        ),
         Op::Replace(c, s) => format!(
             "{:?}",
             k.replace_configuration(key, config_of((*c % 4) as u8), strategy(*s))

@@ -5,7 +5,7 @@
 
 use core::time::Duration;
 
-use bucket4rs_core::ops::Reserve;
+use bucket4rs_core::ops::{ConsumeIgnoringRateLimits, Reserve, TryConsumeAsMuchAsPossible};
 use bucket4rs_local::{Bucket, KeyedBucket, KeyedError, ManualClock, OperationError, Storage};
 use serde_json::Value;
 
@@ -179,7 +179,7 @@ impl Engine for KeyedEngine {
                 outcome::estimate(&b.estimate_ability_to_consume(KEY, *n).map_err(e)?)
             }
             Op::TryConsumeAsMuchAsPossible(l) => {
-                Value::from(b.try_consume_as_much_as_possible(KEY, *l).map_err(e)?)
+                Value::from(b.execute(KEY, TryConsumeAsMuchAsPossible(*l)).map_err(e)?)
             }
             Op::AddTokens(n) => {
                 b.add_tokens(KEY, *n).map_err(e)?;
@@ -195,7 +195,7 @@ impl Engine for KeyedEngine {
             }
             Op::AvailableTokens => Value::from(b.available_tokens(KEY).map_err(e)?),
             Op::ConsumeIgnoringRateLimits(n) => {
-                Value::from(nanos(b.consume_ignoring_rate_limits(KEY, *n).map_err(e)?))
+                Value::from(b.execute(KEY, ConsumeIgnoringRateLimits(*n)).map_err(e)?)
             }
             Op::ReplaceConfiguration(c, s) => {
                 b.replace_configuration(KEY, c.clone(), *s).map_err(e)?;
@@ -220,7 +220,7 @@ impl Engine for KeyedEngine {
                 outcome::blocking_try(parked)
             }
             Op::BlockingConsume(n) => {
-                let w = nanos(b.consume_ignoring_rate_limits(KEY, *n).map_err(e)?);
+                let w = b.execute(KEY, ConsumeIgnoringRateLimits(*n)).map_err(e)?;
                 b.clock().advance_nanos(w as i64);
                 outcome::blocking(w)
             }

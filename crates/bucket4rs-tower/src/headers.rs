@@ -173,15 +173,6 @@ pub(crate) fn ratelimit_header(
     several_policies(plan, state, now, cost)
 }
 
-/// [`ratelimit_header`] of a one-bandwidth plan after an allowed request that left
-/// `left` tokens, at least its cost (which is within the capacity): `r` is `left`
-/// (capped) and `t` 0, as [`policy_state`] answers for such a state.
-#[inline]
-pub(crate) fn allowed_value(plan: &Plan, left: u64) -> Option<HeaderValue> {
-    let r = left.min(SF_INT_MAX);
-    cached_value(plan.id(), r, 0, || format_value(plan.quotas(), |_| (r, 0)))
-}
-
 /// [`ratelimit_header`] of a plan of several bandwidths (or a state that does not match
 /// the plan): formatted, not cached. Out of line, so the one-bandwidth path stays compact.
 #[inline(never)]

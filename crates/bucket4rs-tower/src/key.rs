@@ -169,11 +169,7 @@ impl KeyExtractor {
         Self(Kind::ClientIp)
     }
 
-    /// Any closure over the request head.
-    ///
-    /// With fixed plans the layer may call it twice for one request (once on its common
-    /// path, once more on the general one: a key without a live bucket yet, a cost beyond
-    /// its plan), so it should give the same answer for the same request.
+    /// Any closure over the request head. The layer calls it once per request.
     ///
     /// ```
     /// # use bucket4rs_tower::{KeyExtractor, RequestInfo};

@@ -2,10 +2,11 @@
 //!
 //! HTTP rate limiting for [tower] and axum on top of bucket4rs: one token bucket per client
 //! key (an API key header, the client IP, or anything a closure extracts), a plan per key
-//! (free, pro, …), a cost per request (a search costs 5, a lookup 1), and any bucket store —
-//! the in-process [`EmbeddedBackend`](bucket4rs_distributed::EmbeddedBackend) by default, or
-//! a Redis or PostgreSQL [`ProxyManager`](bucket4rs_distributed::ProxyManager) so that every
-//! instance of a service shares one limit.
+//! (free, pro, …), a cost per request (a search costs 5, a lookup 1), and a bucket store — in
+//! this process by default (a [`KeyedBucket`](bucket4rs_local::KeyedBucket): one lookup and
+//! one compare-and-swap per request), or a Redis or PostgreSQL
+//! [`ProxyManager`](bucket4rs_distributed::ProxyManager) so that every instance of a service
+//! shares one limit.
 //!
 //! Responses speak the standards:
 //!
@@ -16,8 +17,9 @@
 //!   (rounded up, at least 1) and an RFC 9457 `application/problem+json` body;
 //! - a request whose cost exceeds the plan's capacity is a configuration error (500), not a
 //!   429 with an absurd `Retry-After`; a missing or unknown key is 401 (configurable);
-//! - backend failures follow the [`FailurePolicy`](bucket4rs_distributed::FailurePolicy)
-//!   (error → 503, deny → 429, fallback → a local limit) — never a silent allow.
+//! - a store that cannot decide (a remote backend down, the in-process store full of keys)
+//!   follows the [`FailurePolicy`](bucket4rs_distributed::FailurePolicy) (error → 503, deny →
+//!   429, fallback → a local limit) — never a silent allow.
 //!
 //! ```
 //! use bucket4rs_core::{Bandwidth, BucketConfiguration};
@@ -32,7 +34,7 @@
 //! let layer = RateLimitLayer::builder()
 //!     .key(KeyExtractor::header("x-api-key"))
 //!     .plans(Plan::new("free", per_minute)) // every key gets this plan
-//!     .build();
+//!     .build()?;
 //! let svc = ServiceBuilder::new().layer(layer).service_fn(|_req: Request<()>| async {
 //!     Ok::<_, std::convert::Infallible>(Response::new(bytes::Bytes::from_static(b"hello")))
 //! });
@@ -62,19 +64,23 @@
 
 #[cfg(feature = "toml")]
 mod file;
+mod future;
 mod headers;
 mod key;
 mod layer;
 mod plan;
 mod problem;
+mod response;
+mod service;
+mod store;
 
 #[cfg(feature = "toml")]
 pub use file::{PlanTable, PlansError, parse_duration, parse_rate};
+pub use future::ResponseFuture;
 pub use headers::{Quota, RATELIMIT, RATELIMIT_POLICY, X_RATE_LIMIT_REMAINING};
 pub use key::{KeyExtractor, RequestInfo};
-pub use layer::{
-    DEFAULT_MAX_KEYS, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseFuture,
-    embedded_backend,
-};
+pub use layer::{DEFAULT_MAX_KEYS, RateLimitLayer, RateLimitLayerBuilder};
 pub use plan::{Plan, PlanResolver};
 pub use problem::Problem;
+pub use service::RateLimit;
+pub use store::LocalStore;

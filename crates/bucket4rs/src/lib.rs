@@ -63,9 +63,10 @@ pub use bucket4rs_core::{
 
 #[cfg(feature = "local")]
 pub use bucket4rs_local::{
-    AnyStorage, Bucket, BucketBuilder, BucketSnapshot, FastClock, LockFree, LockFreeBucket,
-    SynchronizationStrategy, Synchronized, SynchronizedBucket, UnsyncBucket, Unsynchronized,
-    VerboseBucket, VerboseResult,
+    AnyStorage, Bucket, BucketBuilder, BucketSnapshot, FastClock, KeyedBucket, KeyedBucketBuilder,
+    KeyedError, LockFree, LockFreeBucket, SynchronizationStrategy, Synchronized,
+    SynchronizedBucket, UnsyncBucket, Unsynchronized, VerboseBucket, VerboseKeyedBucket,
+    VerboseResult,
 };
 
 /// Blocking consumption (feature `blocking`).

@@ -1,5 +1,5 @@
 //! The Bookshelf app called in-process (no sockets, no HTTP parsing), with the rate-limit
-//! layer (`with`: [`bookshelf::app`] on the server's store, `bucket4rs_tower::embedded_backend`),
+//! layer (`with`: [`bookshelf::app`] on the server's default store, buckets in this process),
 //! without it (`without`: [`bookshelf::routes`]), with the layer added per route by
 //! `Router::layer` (`per-route`), or with the layer on a store that reads the system time
 //! (`with-system-clock`). Prints the time per request. Timings on a shared machine are noisy;
@@ -21,7 +21,8 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::http::Request;
-use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+use bucket4rs_core::SystemNanosClock;
+use bucket4rs_tower::RateLimitLayer;
 use tower::ServiceExt;
 
 fn main() {
@@ -34,20 +35,16 @@ fn main() {
         .expect("bench plans");
     let app = match mode.as_str() {
         // The layer added with `Router::layer` (per route), for comparison.
-        "per-route" => bookshelf::routes().layer(bookshelf::layer(
-            ProxyManager::new(bucket4rs_tower::embedded_backend()),
-            plans,
-        )),
+        "per-route" => bookshelf::routes()
+            .layer(bookshelf::layer(RateLimitLayer::builder(), plans).expect("layer")),
         "without" => bookshelf::routes(),
         "with" => {
-            let app = bookshelf::app(
-                ProxyManager::new(bucket4rs_tower::embedded_backend()),
-                plans,
-            );
+            let app = bookshelf::app(RateLimitLayer::builder(), plans).expect("layer");
             return drive(app, &mode, n);
         }
         "with-system-clock" => {
-            let app = bookshelf::app(ProxyManager::new(EmbeddedBackend::new()), plans);
+            let store = RateLimitLayer::builder().clock(SystemNanosClock);
+            let app = bookshelf::app(store, plans).expect("layer");
             return drive(app, &mode, n);
         }
         other => panic!("mode {other:?}: with, with-system-clock, without or per-route"),

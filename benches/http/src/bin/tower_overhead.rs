@@ -10,7 +10,7 @@ use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use bucket4rs_core::{Bandwidth, BucketConfiguration};
-use bucket4rs_distributed::{EmbeddedBackend, FailurePolicy, ProxyManager};
+use bucket4rs_distributed::FailurePolicy;
 use bucket4rs_tower::{Plan, RateLimitLayer};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -75,21 +75,19 @@ fn main() {
             )
             .build()
             .unwrap();
-        let layered = RateLimitLayer::builder()
+        let layer = RateLimitLayer::builder()
             .plans(Plan::new("bench", big.clone()))
             .build()
-            .layer(inner);
+            .unwrap();
+        let layered = layer.clone().layer(inner);
         // The bucket call alone (no HTTP types), to split the layer's cost.
-        let manager = ProxyManager::new(EmbeddedBackend::new());
+        let store = layer.local_store().expect("in process");
         let start = Instant::now();
         for _ in 0..n {
-            let c = big.clone();
-            let bucket = manager.builder().build("bench-key", move || c.clone()).unwrap();
-            let v = bucket.verbose().try_consume_and_return_remaining(1).await.unwrap();
-            assert!(v.value.is_consumed());
+            assert!(store.try_consume("bench-key", 1).unwrap());
         }
         println!(
-            "{n} verbose try_consume_and_return_remaining on an embedded ProxyManager: {:.0} ns each",
+            "{n} try_consume on the layer's in-process store: {:.0} ns each",
             start.elapsed().as_nanos() as f64 / n as f64
         );
         for _ in 0..3 {
@@ -111,12 +109,11 @@ fn main() {
             .build()
             .unwrap();
         let layer = RateLimitLayer::builder()
-            .backend(ProxyManager::new(
-                EmbeddedBackend::new().with_max_keys(cap),
-            ))
+            .max_keys(cap)
             .plans(Plan::new("per-client", per_minute))
             .failure_policy(FailurePolicy::deny())
-            .build();
+            .build()
+            .unwrap();
         let svc = layer.clone().layer(inner);
         let before = peak_rss_kib();
         let mut max_len = 0;
@@ -129,7 +126,7 @@ fn main() {
             let (_, ok) = run(&svc, this, |i| format!("flood-{}", done + i)).await;
             allowed += ok;
             done += this;
-            max_len = max_len.max(layer.manager().backend().len());
+            max_len = max_len.max(layer.local_store().map_or(0, |s| s.len()));
         }
         println!(
             "key flood: {flood} distinct keys in {:.1?}, cap {cap}: {allowed} allowed, {} denied at the cap, \

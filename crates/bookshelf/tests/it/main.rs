@@ -4,9 +4,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bucket4rs_distributed::{
-    Backend, EmbeddedBackend, PostgresBackend, PostgresOptions, ProxyManager, RedisBackend,
-    RedisOptions,
+    Backend, PostgresBackend, PostgresOptions, ProxyManager, RedisBackend, RedisOptions,
 };
+use bucket4rs_tower::{RateLimitLayer, RateLimitLayerBuilder};
 use reqwest::StatusCode;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -19,11 +19,15 @@ struct Server {
 
 impl Server {
     async fn start<B: Backend>(manager: ProxyManager<B>) -> Self {
+        Self::with(RateLimitLayer::builder().backend(manager)).await
+    }
+
+    async fn with(store: RateLimitLayerBuilder) -> Self {
         let plans = bookshelf::load_plans(None).expect("the shipped plans file is valid");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel();
-        let app = bookshelf::app(manager, plans);
+        let app = bookshelf::app(store, plans).expect("a valid layer");
         let task = tokio::spawn(bookshelf::serve(listener, app, async {
             let _ = rx.await;
         }));
@@ -34,8 +38,9 @@ impl Server {
         }
     }
 
+    /// The demo's default: buckets in this process.
     async fn embedded() -> Self {
-        Self::start(ProxyManager::new(EmbeddedBackend::new())).await
+        Self::with(RateLimitLayer::builder()).await
     }
 
     fn url(&self, path: &str) -> String {

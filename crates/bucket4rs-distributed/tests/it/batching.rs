@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bucket4rs_core::{BucketState, ManualClock};
 use bucket4rs_distributed::{
-    Backend, BackendError, Batching, Command, ProxyManager, RemoteBucket, StorageKey, TimeSource,
+    Backend, BackendError, Command, ProxyManager, RemoteBucket, StorageKey, TimeSource,
     Transaction, format,
 };
 use rand::Rng;
@@ -83,11 +83,11 @@ type Boxed<'a, T> = Pin<Box<dyn std::future::Future<Output = T> + 'a>>;
 fn manager(
     backend: Arc<Counting<MapBackend>>,
     clock: &ManualClock,
-    batching: Batching,
+    max_batch: usize,
 ) -> ProxyManager<Arc<Counting<MapBackend>>> {
     ProxyManager::configure(backend)
         .time_source(TimeSource::client(clock.clone()))
-        .batching(batching)
+        .max_batch(max_batch)
         .build()
         .unwrap()
 }
@@ -114,7 +114,7 @@ fn every_caller_of_a_batch_gets_the_core_result_of_sequential_application() {
             }
             now += rng.random_range(0..=2_000_000_000);
             let clock = ManualClock::new(now);
-            let m = manager(backend.clone(), &clock, Batching::default());
+            let m = manager(backend.clone(), &clock, 64);
             let c2 = config.clone();
             let bucket = m
                 .builder()
@@ -187,11 +187,7 @@ fn bucket(
 fn batches_respect_the_size_limit_and_disabled_batching_sends_each_operation() {
     let rt = runtime();
     rt.block_on(async {
-        for (batching, sizes) in [
-            (Batching::disabled(), vec![1; 11]),
-            (Batching::up_to(4), vec![1, 4, 4, 2]),
-            (Batching::default(), vec![1, 10]),
-        ] {
+        for (batching, sizes) in [(1, vec![1; 11]), (4, vec![1, 4, 4, 2]), (64, vec![1, 10])] {
             let backend = Counting::new(MapBackend::default(), Duration::from_millis(2));
             let clock = ManualClock::new(0);
             let m = manager(backend.clone(), &clock, batching);
@@ -223,7 +219,7 @@ fn callers_withdrawn_before_their_batch_is_sent_are_not_applied() {
     rt.block_on(async {
         let backend = Counting::new(MapBackend::default(), Duration::from_millis(100));
         let clock = ManualClock::new(0);
-        let m = manager(backend.clone(), &clock, Batching::default());
+        let m = manager(backend.clone(), &clock, 64);
         let b = bucket(&m, 1_000);
         let leader = {
             let b = b.clone();
@@ -268,7 +264,7 @@ fn an_idle_key_sends_its_operation_at_once() {
     rt.block_on(async {
         let backend = Counting::new(MapBackend::default(), Duration::ZERO);
         let clock = ManualClock::new(0);
-        let m = manager(backend.clone(), &clock, Batching::default());
+        let m = manager(backend.clone(), &clock, 64);
         let b = bucket(&m, 10);
         for _ in 0..5 {
             assert!(b.try_consume(1).await.unwrap());

@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use bucket4rs_core::{Bandwidth, BucketConfiguration, Clock, ManualClock};
 use bucket4rs_distributed::{
-    Backend, BackendErrorKind, DistributedError, EmbeddedBackend, KeyPolicy, ProxyManager,
-    TimeSource, format,
+    Backend, BackendErrorKind, DistributedError, EmbeddedBackend, ProxyManager, TimeSource,
 };
 use bucket4rs_test::replay_all;
 
@@ -59,65 +58,75 @@ fn idle_key_is_dropped_exactly_when_full_again_never_earlier() {
     });
 }
 
-/// Consumptions leave the expiry lower bound in place and the exact instant is computed
-/// only once the bound has passed: a busy key is never dropped, and once idle it is dropped
-/// exactly when the TTL of its last write says (one nanosecond earlier it is still there),
-/// with a margin, on the sync and the async path; also with a client clock ahead of the
-/// backend's (then the TTL is computed at every write).
+/// A key in use is never forgotten; once idle it is forgotten exactly when a fresh bucket
+/// would hold what it holds (full again), never a nanosecond earlier, whatever the manager's
+/// TTL margin (the embedded backend needs none: it judges on its own clock).
 #[test]
-fn a_busy_key_is_never_dropped_and_lazy_expiry_is_exact() {
+fn a_busy_key_is_never_forgotten_and_an_idle_one_exactly_when_full() {
     let rt = runtime();
-    let margin = Duration::from_millis(700);
-    for offset in [0, 5_000_000_000] {
-        let backend_clock = ManualClock::new(1_000);
-        let client = ManualClock::new(1_000 + offset);
-        let m = ProxyManager::configure(EmbeddedBackend::with_clock(backend_clock.clone()))
-            .time_source(TimeSource::client(client.clone()))
-            .ttl_margin(margin)
-            .build()
-            .unwrap();
-        let config = simple(10, Duration::from_secs(10)); // 1 token per second
-        let c2 = config.clone();
-        let remote = m.builder().build("busy", move || c2.clone()).unwrap();
-        let key = remote.key().clone();
-        let mut expires_at = 0;
-        for step in 0..200 {
-            // Faster than the refill at first (the bucket drains), then slower (it refills).
-            let gap = if step < 100 {
-                400_000_000
-            } else {
-                1_300_000_000
-            };
-            backend_clock.advance_nanos(gap);
-            client.advance_nanos(gap);
-            let now = backend_clock.now_nanos();
-            let consumed = if step % 2 == 0 {
-                let b = m.in_process_bucket("busy", &config).unwrap().unwrap();
-                b.try_consume(1).unwrap().value
-            } else {
-                rt.block_on(remote.try_consume(1)).unwrap()
-            };
-            let bytes = rt.block_on(m.backend().read(&key)).unwrap();
-            let record = format::decode(&bytes.expect("a busy key is never dropped")).unwrap();
-            if consumed || step == 0 {
-                let ttl = record.ttl(client.now_nanos(), margin).unwrap();
-                expires_at = now + i64::try_from(ttl.as_nanos()).unwrap();
-            }
-            // Probe the exact expiry, then come back (reads never update the slot).
-            backend_clock.set_nanos(expires_at - 1);
-            let read = rt.block_on(m.backend().read(&key)).unwrap();
-            assert!(read.is_some(), "offset {offset} step {step}");
-            backend_clock.set_nanos(expires_at);
-            let read = rt.block_on(m.backend().read(&key)).unwrap();
-            assert!(read.is_none(), "offset {offset} step {step}");
-            backend_clock.set_nanos(now);
-        }
-        backend_clock.set_nanos(expires_at - 1);
-        assert_eq!(m.backend().sweep(), 0);
-        backend_clock.set_nanos(expires_at);
-        assert_eq!(m.backend().sweep(), 1);
-        assert!(m.backend().is_empty());
+    let clock = ManualClock::new(1_000);
+    let m = ProxyManager::configure(EmbeddedBackend::with_clock(clock.clone()))
+        .ttl_margin(Duration::from_millis(700))
+        .build()
+        .unwrap();
+    let config = simple(10, Duration::from_secs(10)); // 1 token per second
+    let bucket = m.builder().build("busy", move || config.clone()).unwrap();
+    let mut tokens: i64 = 10;
+    for step in 0..200 {
+        // Faster than the refill at first (the bucket drains), then slower (it refills).
+        let gap: i64 = if step < 100 {
+            400_000_000
+        } else {
+            1_300_000_000
+        };
+        clock.advance_nanos(gap);
+        // Refill of the gap, in whole tokens (the remainder is tracked by the bucket).
+        let consumed = rt.block_on(bucket.try_consume(1)).unwrap();
+        assert_eq!(m.backend().sweep(), 0, "step {step}: a key in use stays");
+        let left = rt.block_on(bucket.available_tokens()).unwrap();
+        assert!(left < 10 || !consumed, "step {step}");
+        tokens = left;
     }
+    // Idle: full again after (10 - tokens) seconds less what the remainder already holds;
+    // found by the bucket's own wait, then checked on both sides of it.
+    let full_in = rt
+        .block_on(bucket.verbose().available_tokens())
+        .unwrap()
+        .time_until_full();
+    assert!(tokens < 10 && !full_in.is_zero());
+    clock.advance(full_in - Duration::from_nanos(1));
+    assert_eq!(m.backend().sweep(), 0);
+    clock.advance_nanos(1);
+    assert_eq!(m.backend().sweep(), 1);
+    assert!(m.backend().is_empty());
+    assert_eq!(rt.block_on(bucket.available_tokens()).unwrap(), 10);
+}
+
+/// A bucket that starts short is never forgotten, even once full: a recreated one would
+/// start short again (the answers would change).
+#[test]
+fn a_bucket_that_starts_short_is_kept() {
+    let rt = runtime();
+    let clock = ManualClock::new(0);
+    let m = ProxyManager::new(EmbeddedBackend::with_clock(clock.clone()));
+    let config = BucketConfiguration::builder()
+        .add_limit(
+            Bandwidth::builder()
+                .capacity(5)
+                .refill_greedy(5, Duration::from_secs(2))
+                .initial_tokens(0)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let bucket = m.builder().build("short", move || config.clone()).unwrap();
+    rt.block_on(async {
+        assert!(!bucket.try_consume(1).await.unwrap());
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(m.backend().sweep(), 0);
+        assert!(bucket.try_consume(5).await.unwrap());
+    });
 }
 
 #[test]
@@ -126,7 +135,9 @@ fn key_cap_refuses_new_keys_but_never_evicts_a_non_full_bucket() {
     let clock = ManualClock::new(0);
     let m = manual(
         &clock,
-        EmbeddedBackend::with_clock(clock.clone()).with_max_keys(2),
+        EmbeddedBackend::with_clock(clock.clone())
+            .with_max_keys(2)
+            .unwrap(),
     );
     let config = simple(5, Duration::from_secs(5));
     let make = |k: &str| {
@@ -245,10 +256,11 @@ fn aligned_refill_needs_a_wall_clock_and_verbose_returns_the_snapshot() {
             .try_consume_and_return_remaining(4)
             .await
             .unwrap();
-        assert!(v.value.is_consumed());
-        assert_eq!(v.configuration, config);
-        assert_eq!(v.state.bandwidths()[0].tokens(), 6);
-        assert_eq!(v.now_nanos, clock.now_nanos());
+        assert!(v.value().is_consumed());
+        assert_eq!(v.configuration(), &config);
+        assert_eq!(v.state().bandwidths()[0].tokens(), 6);
+        assert_eq!(v.now_nanos(), clock.now_nanos());
+        assert_eq!(v.available_tokens(), 6);
     });
 }
 
@@ -267,14 +279,14 @@ fn blocking_form_works_off_runtime_and_refuses_inside_one() {
         .build("blocking", move || config.clone())
         .unwrap()
         .blocking(rt.handle().clone());
-    assert!(bucket.try_consume(2).unwrap());
-    assert!(!bucket.try_consume(1).unwrap());
-    let inside = rt.block_on(async { bucket.try_consume(1) });
+    assert!(bucket.block_on(|b| b.try_consume(2)).unwrap());
+    assert!(!bucket.block_on(|b| b.try_consume(1)).unwrap());
+    let inside = rt.block_on(async { bucket.block_on(|b| b.try_consume(1)) });
     assert!(matches!(inside, Err(DistributedError::Blocking(_))));
     let current = common::runtime();
     let on_current = bucket.as_async().blocking(current.handle().clone());
     assert!(matches!(
-        on_current.available_tokens(),
+        on_current.block_on(|b| b.available_tokens()),
         Err(DistributedError::Blocking(_))
     ));
 }
@@ -303,11 +315,10 @@ fn zero_arguments_are_rejected_before_touching_the_backend() {
     });
 }
 
-/// Storage keys of every length around the 24 bytes the map keeps inline in its entries
-/// (shorter ones inline, longer ones on the heap) each get a bucket of their own, through
-/// the async and the in-process paths alike, and are found and removed by their bytes.
+/// Storage keys of many lengths each get a bucket of their own, found and removed by their
+/// storage key.
 #[test]
-fn keys_either_side_of_the_inline_limit_are_distinct_buckets() {
+fn keys_of_every_length_are_distinct_buckets() {
     let rt = runtime();
     let clock = ManualClock::new(1_000);
     let config = simple(100, Duration::from_secs(100));
@@ -316,7 +327,6 @@ fn keys_either_side_of_the_inline_limit_are_distinct_buckets() {
         .key_prefix("p")
         .build()
         .unwrap();
-    let policy = KeyPolicy::new("p").unwrap();
     let keys: Vec<String> = (1..=40).map(|n| "k".repeat(n)).collect();
     rt.block_on(async {
         for (i, k) in keys.iter().enumerate() {
@@ -336,17 +346,9 @@ fn keys_either_side_of_the_inline_limit_are_distinct_buckets() {
             let bucket = m.builder().build(k, move || c.clone()).unwrap();
             let left = 100 - (i64::try_from(i).unwrap() + 1);
             assert_eq!(bucket.available_tokens().await.unwrap(), left, "{k}");
-            // The in-process path finds the same record by the key's bytes.
-            let sync = m
-                .in_process_bucket(k.as_bytes(), &config)
-                .unwrap()
-                .expect("an in-process bucket");
-            let v = sync.try_consume_and_return_remaining(1).unwrap();
-            assert!(v.value.is_consumed(), "{k}");
-            assert_eq!(bucket.available_tokens().await.unwrap(), left - 1, "{k}");
         }
         for k in &keys {
-            let storage = policy.key(k).unwrap();
+            let storage = m.storage_key(k).unwrap();
             assert!(m.backend().remove(&storage).await.unwrap(), "{k}");
         }
         assert!(m.backend().is_empty());

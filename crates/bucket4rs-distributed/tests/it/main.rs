@@ -8,6 +8,5 @@ mod common;
 mod custom_backend;
 mod embedded;
 mod golden;
-mod in_process;
 #[cfg(feature = "redis")]
 mod redis;

@@ -315,3 +315,26 @@ impl<K: Hash + Eq, C: Clock, L: BucketListener, S: BuildHasher + Clone>
         })
     }
 }
+
+impl<K: Hash + Eq, C: Clock> KeyedBucket<K, C> {
+    /// A keyed bucket whose callers bring each key's configuration ([`KeyedBucket::update`]):
+    /// synchronized buckets only (their callers may read another clock than `clock`, so the
+    /// compact word, which keeps no refill time, does not apply).
+    pub(crate) fn stored(clock: C, max_keys: Option<usize>) -> Result<Self, ConfigError> {
+        if max_keys == Some(0) {
+            return Err(ConfigError::ZeroMaxKeys);
+        }
+        Ok(KeyedBucket {
+            map: DashMap::with_hasher(DefaultHasher::default()),
+            plans: Plans::default(),
+            source: Source::Stored,
+            monotonic: false,
+            wall_clock: clock.is_wall_clock_based(),
+            clock,
+            listener: NoopListener,
+            max_keys,
+            len: AtomicUsize::new(0),
+            next_sweep: AtomicUsize::new(MIN_SWEEP_INTERVAL),
+        })
+    }
+}

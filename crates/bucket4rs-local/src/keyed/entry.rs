@@ -147,16 +147,13 @@ impl Entry {
     }
 
     /// Whether forgetting this entry at `now` changes no answer, given the configuration a
-    /// recreated bucket would get (`source`, `None` if the key would get none): the state must
-    /// be forgettable and the configuration the source's.
-    pub(crate) fn forgettable(
-        &self,
-        plans: &Plans,
-        now: i64,
-        source: Option<&BucketConfiguration>,
-    ) -> bool {
-        let Some(source) = source else {
-            return false;
+    /// recreated bucket would get: the state must be forgettable and the configuration the one
+    /// it would be recreated with.
+    pub(crate) fn forgettable(&self, plans: &Plans, now: i64, recreated: &Recreated) -> bool {
+        let same = |config: &BucketConfiguration| match recreated {
+            Recreated::Never => false,
+            Recreated::Same => true,
+            Recreated::With(source) => same(config, source),
         };
         match self {
             Self::Compact { plan, word } => {
@@ -171,14 +168,24 @@ impl Entry {
                 plan.fresh_is_full
                     && u64::try_from(st.tokens()).ok() == Some(b.capacity())
                     && st.remainder() == 0
-                    && same(&plan.config, source)
+                    && same(&plan.config)
             }
             Self::General(bucket) => {
                 let (config, state) = bucket.snapshot(now);
-                state.forgettable_at(&config, now) == Some(now) && same(&config, source)
+                state.forgettable_at(&config, now) == Some(now) && same(&config)
             }
         }
     }
+}
+
+/// The configuration a key would be recreated with after its bucket is forgotten.
+pub(crate) enum Recreated {
+    /// None: the key would be unknown, so its bucket is never forgotten.
+    Never,
+    /// Its own (the caller brings it each time).
+    Same,
+    /// This one.
+    With(BucketConfiguration),
 }
 
 /// Whether two configurations are equal (by identity first: the usual case).

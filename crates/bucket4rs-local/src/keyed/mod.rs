@@ -28,7 +28,6 @@ use core::borrow::Borrow;
 use core::fmt;
 use core::hash::{BuildHasher, Hash};
 use core::sync::atomic::{AtomicUsize, Ordering};
-use core::time::Duration;
 
 use bucket4rs_core::ops::{self, Operation};
 use bucket4rs_core::{
@@ -39,7 +38,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as MapEntry;
 
 pub use builder::KeyedBucketBuilder;
-use entry::{Entry, Stop};
+use entry::{Entry, Recreated, Stop};
 use plans::Plans;
 
 use crate::bucket::BucketSnapshot;
@@ -65,6 +64,20 @@ enum Source<K> {
     One(BucketConfiguration),
     /// Chosen per key on first use; `None`: the key is unknown.
     PerKey(PerKey<K>),
+    /// Stored by the callers of [`update`](KeyedBucket::update), who bring a key's
+    /// configuration each time (the distributed crate's embedded backend): a key is
+    /// recreated from its own configuration.
+    Stored,
+}
+
+/// What [`KeyedBucket::update`] does with a key's bucket.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum Update {
+    /// Leave it as it is (or absent).
+    Keep,
+    /// Store this configuration and state.
+    Put(BucketConfiguration, BucketState),
 }
 
 /// One token bucket per key, all in one concurrent map: the per-key counterpart of
@@ -73,8 +86,9 @@ enum Source<K> {
 ///
 /// Every bucket operation takes the key: [`try_consume`](Self::try_consume), the probes,
 /// estimates, additions, [`reset`](Self::reset), [`available_tokens`](Self::available_tokens),
-/// [`replace_configuration`](Self::replace_configuration), and the verbose forms through
-/// [`as_verbose`](Self::as_verbose). Lookups borrow: a `KeyedBucket<String>` takes `&str`. The
+/// [`replace_configuration`](Self::replace_configuration), the verbose forms through
+/// [`as_verbose`](Self::as_verbose), and any other core operation through
+/// [`execute`](Self::execute) (`ops::Reserve`, `ops::ConsumeIgnoringRateLimits`, ...). Lookups borrow: a `KeyedBucket<String>` takes `&str`. The
 /// configuration is one for all keys, or chosen per key when it is first used
 /// ([`KeyedBucketBuilder::configuration_per_key`]). Buckets run the same exact core math as a
 /// [`Bucket`](crate::Bucket), on the lock-free compact word where it applies; memory stays
@@ -200,10 +214,6 @@ impl KeyedBucket<()> {
     pub fn builder<K>() -> KeyedBucketBuilder<K> {
         KeyedBucketBuilder::new()
     }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl<K, C, L, S> KeyedBucket<K, C, L, S>
@@ -385,6 +395,7 @@ where
         let config = match &self.source {
             Source::One(config) => return Ok(config.clone()),
             Source::PerKey(f) => f(key).ok_or(KeyedError::UnknownKey)?,
+            Source::Stored => return Err(KeyedError::UnknownKey),
         };
         config.check_clock(self.wall_clock)?;
         Ok(config)
@@ -392,10 +403,11 @@ where
 
     /// The configuration a key would get now, if any (for forgetting: a bucket is dropped only
     /// if it would be recreated from the same configuration).
-    fn source_of(&self, key: &K) -> Option<BucketConfiguration> {
+    fn source_of(&self, key: &K) -> Recreated {
         match &self.source {
-            Source::One(config) => Some(config.clone()),
-            Source::PerKey(f) => f(key),
+            Source::One(config) => Recreated::With(config.clone()),
+            Source::PerKey(f) => f(key).map_or(Recreated::Never, Recreated::With),
+            Source::Stored => Recreated::Same,
         }
     }
 
@@ -424,7 +436,7 @@ where
     fn sweep_at(&self, now: i64) -> usize {
         let mut dropped = 0;
         self.map.retain(|key, entry| {
-            let keep = !entry.forgettable(&self.plans, now, self.source_of(key).as_ref());
+            let keep = !entry.forgettable(&self.plans, now, &self.source_of(key));
             dropped += usize::from(!keep);
             keep
         });
@@ -514,33 +526,6 @@ where
         self.execute(key, ops::EstimateAbilityToConsume(tokens))
     }
 
-    /// Consumes every available token of `key`'s bucket, at most `limit` if given; returns how
-    /// many.
-    ///
-    /// # Errors
-    /// [`KeyedError::Operation`] for a zero limit; for a key without a bucket, the errors of
-    /// [`execute`](Self::execute).
-    ///
-    /// ```
-    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
-    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
-    /// assert_eq!(limiter.try_consume_as_much_as_possible("k", Some(3))?, 3);
-    /// assert_eq!(limiter.try_consume_as_much_as_possible("k", None)?, 2);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn try_consume_as_much_as_possible<Q>(
-        &self,
-        key: &Q,
-        limit: Option<u64>,
-    ) -> Result<u64, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
-        self.execute(key, ops::TryConsumeAsMuchAsPossible(limit))
-    }
-
     /// Adds `tokens` to `key`'s bucket, never above capacity.
     ///
     /// # Errors
@@ -624,66 +609,6 @@ where
         Q::Owned: Into<K>,
     {
         self.execute(key, ops::AvailableTokens)
-    }
-
-    /// Consumes `tokens` from `key`'s bucket even into debt; returns the wait until the debt is
-    /// paid back.
-    ///
-    /// # Errors
-    /// As [`try_consume`](Self::try_consume), or [`OperationError::WaitTooLong`] inside
-    /// [`KeyedError::Operation`].
-    ///
-    /// ```
-    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
-    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
-    /// assert_eq!(limiter.consume_ignoring_rate_limits("k", 6)?, Duration::from_millis(200));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn consume_ignoring_rate_limits<Q>(
-        &self,
-        key: &Q,
-        tokens: u64,
-    ) -> Result<Duration, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
-        self.execute(key, ops::ConsumeIgnoringRateLimits(tokens))
-            .map(Duration::from_nanos)
-    }
-
-    /// Reserves `tokens` from `key`'s bucket if they will be there within `max_wait`:
-    /// `Some(wait)` (the tokens are taken now; the caller waits before using them), `None` if
-    /// not.
-    ///
-    /// # Errors
-    /// [`KeyedError::Operation`] for zero tokens or a zero `max_wait`; for a key without a
-    /// bucket, the errors of [`execute`](Self::execute).
-    ///
-    /// ```
-    /// # use bucket4rs_local::{KeyedBucket, ManualClock}; use std::time::Duration;
-    /// # let limiter: KeyedBucket<String, ManualClock> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).with_clock(ManualClock::monotonic(0)).build()?;
-    /// limiter.try_consume("k", 5)?;
-    /// assert_eq!(limiter.reserve("k", 1, Duration::from_secs(1))?, Some(Duration::from_millis(200)));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn reserve<Q>(
-        &self,
-        key: &Q,
-        tokens: u64,
-        max_wait: Duration,
-    ) -> Result<Option<Duration>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
-        let op = ops::Reserve {
-            tokens,
-            max_wait_nanos: nanos(max_wait),
-        };
-        self.execute(key, op).map(|w| w.map(Duration::from_nanos))
     }
 
     /// Replaces `key`'s configuration, carrying its tokens over by `strategy` (a key without a
@@ -782,6 +707,56 @@ where
             self.len.fetch_sub(1, Ordering::Relaxed);
         }
         removed
+    }
+
+    /// Runs `f` on `key`'s configuration and state (`None`: no bucket), at the reading it is
+    /// given, with exclusive access to the key, and stores what it answers. For the callers
+    /// that keep a configuration per key themselves (see `Source::Stored`).
+    pub(crate) fn update<Q, T>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(Option<(&BucketConfiguration, &BucketState)>, i64) -> (T, Update),
+    ) -> Result<T, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let now = self.clock.now_nanos();
+        let (plans, monotonic) = (&self.plans, self.monotonic);
+        // Room is made before the key's shard is locked (a sweep locks every shard).
+        if self.max_keys.is_some_and(|max| self.len() >= max) {
+            self.sweep_at(now);
+        }
+        let owned: K = key.to_owned().into();
+        let out = match self.map.entry(owned) {
+            MapEntry::Occupied(mut o) => {
+                let Some((config, state)) = o.get().snapshot(plans, now) else {
+                    return Err(KeyedError::UnknownKey);
+                };
+                let (out, update) = f(Some((&config, &state)), now);
+                if let Update::Put(config, state) = update {
+                    *o.get_mut() = Entry::new(plans, &config, state, now, monotonic);
+                }
+                return Ok(out);
+            }
+            MapEntry::Vacant(v) => {
+                let (out, update) = f(None, now);
+                if let Update::Put(config, state) = update {
+                    if !self.count_key() {
+                        return Err(KeyedError::TooManyKeys {
+                            max: self.max_keys.unwrap_or(usize::MAX),
+                        });
+                    }
+                    v.insert(Entry::new(plans, &config, state, now, monotonic));
+                }
+                out
+            }
+        };
+        if self.len() > self.next_sweep.load(Ordering::Relaxed) {
+            self.sweep_at(now);
+        }
+        Ok(out)
     }
 
     /// The verbose view: the same operations, each answering a [`VerboseResult`] with the

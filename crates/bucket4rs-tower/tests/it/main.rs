@@ -1,15 +1,23 @@
-//! Integration tests of the layer, in-process with a manual clock (no sockets, no sleeps).
+//! Integration tests of the layer with a manual clock (no sockets, no sleeps), each
+//! behavioural test on both stores: the in-process one (`.clock(..)`, `.max_keys(..)`) and a
+//! shared one (`.backend(..)`: the embedded backend through the async manager).
+
+mod conformance;
 
 use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bucket4rs_core::{Bandwidth, BucketConfiguration, ManualClock};
+use bucket4rs_core::{Bandwidth, BucketConfiguration, ManualClock, TokensInheritanceStrategy};
 use bucket4rs_distributed::{
     Backend, BackendClock, BackendError, BackendErrorKind, EmbeddedBackend, FailurePolicy,
     ProxyManager, StorageKey, Transaction,
 };
-use bucket4rs_tower::{KeyExtractor, Plan, PlanResolver, PlanTable, RateLimitLayer};
+use bucket4rs_tower::{
+    KeyExtractor, Plan, PlanResolver, PlanTable, RateLimitLayer, RateLimitLayerBuilder,
+};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
@@ -42,11 +50,80 @@ fn free_plan() -> Plan {
     Plan::new("free", config)
 }
 
-fn manual() -> (ManualClock, ProxyManager<EmbeddedBackend>) {
-    let clock = ManualClock::new(1_000_000_000);
-    let manager =
-        ProxyManager::new(EmbeddedBackend::with_clock(clock.clone()).with_max_keys(10_000));
-    (clock, manager)
+fn simple(capacity: u64, period: Duration) -> BucketConfiguration {
+    BucketConfiguration::builder()
+        .add_limit(Bandwidth::simple(capacity, period).unwrap())
+        .build()
+        .unwrap()
+}
+
+/// Which store a layer keeps its buckets in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// The in-process `KeyedBucket` (the default store).
+    InProcess,
+    /// The embedded backend behind a `ProxyManager` (as Redis or PostgreSQL would be).
+    Remote,
+}
+
+/// One store on its own manual clock, to build layers on.
+struct Store {
+    kind: Kind,
+    clock: ManualClock,
+    /// The remote store's manager (a clone shares the backend with the layer's).
+    manager: Option<ProxyManager<EmbeddedBackend>>,
+    max_keys: usize,
+}
+
+impl Store {
+    fn new(kind: Kind, max_keys: usize) -> Self {
+        let clock = ManualClock::new(1_000_000_000);
+        let manager = (kind == Kind::Remote).then(|| {
+            ProxyManager::new(
+                EmbeddedBackend::with_clock(clock.clone())
+                    .with_max_keys(max_keys)
+                    .unwrap(),
+            )
+        });
+        Self {
+            kind,
+            clock,
+            manager,
+            max_keys,
+        }
+    }
+
+    /// A layer builder on this store (every other setting at its default).
+    fn builder(&self) -> RateLimitLayerBuilder {
+        match &self.manager {
+            None => RateLimitLayer::builder()
+                .clock(self.clock.clone())
+                .max_keys(self.max_keys),
+            Some(manager) => RateLimitLayer::builder().backend(manager.clone()),
+        }
+    }
+
+    /// How many keys have a bucket in this store (`layer` is the layer built on it).
+    fn keys(&self, layer: &RateLimitLayer) -> usize {
+        match &self.manager {
+            None => layer.local_store().expect("an in-process store").len(),
+            Some(manager) => {
+                assert!(
+                    layer.local_store().is_none(),
+                    "a remote layer has no local store"
+                );
+                manager.backend().len()
+            }
+        }
+    }
+}
+
+/// Both stores, each on a fresh clock at 1 s, capped at `max_keys` keys.
+fn stores(max_keys: usize) -> [Store; 2] {
+    [
+        Store::new(Kind::InProcess, max_keys),
+        Store::new(Kind::Remote, max_keys),
+    ]
 }
 
 fn req(key: Option<&str>, path: &str) -> Request<()> {
@@ -70,289 +147,407 @@ fn body_json(r: &Resp) -> serde_json::Value {
 
 #[tokio::test]
 async fn twenty_allowed_then_429_with_per_bandwidth_headers() {
-    let (clock, manager) = manual();
-    let layer = RateLimitLayer::builder()
-        .backend(manager)
-        .plans(free_plan())
-        .remaining_header(true)
-        .build();
-    let svc = layer.layer(hello());
-    for i in 1..=20u64 {
+    for store in stores(10_000) {
+        let kind = store.kind;
+        let layer = store
+            .builder()
+            .plans(free_plan())
+            .remaining_header(true)
+            .build()
+            .unwrap();
+        let svc = layer.layer(hello());
+        for i in 1..=20u64 {
+            let r = call(&svc, req(Some("k"), "/books/1")).await;
+            assert_eq!(r.status(), StatusCode::OK, "{kind:?} request {i}");
+            assert_eq!(
+                r.headers()["ratelimit-policy"],
+                r#""burst";q=20;w=60, "daily";q=1000;w=86400"#,
+                "{kind:?}"
+            );
+            let burst_t = if i == 20 { 3 } else { 0 };
+            assert_eq!(
+                r.headers()["ratelimit"].to_str().unwrap(),
+                format!(
+                    r#""burst";r={};t={burst_t}, "daily";r={};t=0"#,
+                    20 - i,
+                    1000 - i
+                ),
+                "{kind:?}"
+            );
+            assert_eq!(
+                r.headers()["x-rate-limit-remaining"],
+                (20 - i).to_string().as_str(),
+                "{kind:?}"
+            );
+            assert!(r.headers().get("retry-after").is_none(), "{kind:?}");
+            assert_eq!(r.body(), "hello", "{kind:?}: the inner service answered");
+        }
         let r = call(&svc, req(Some("k"), "/books/1")).await;
-        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{kind:?}");
+        assert_eq!(r.headers()["retry-after"], "3", "{kind:?}");
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
         assert_eq!(
-            r.headers()["ratelimit-policy"],
-            r#""burst";q=20;w=60, "daily";q=1000;w=86400"#
+            r.headers()["ratelimit"],
+            r#""burst";r=0;t=3, "daily";r=980;t=0"#,
+            "{kind:?}"
         );
-        let burst_t = if i == 20 { 3 } else { 0 };
-        assert_eq!(
-            r.headers()["ratelimit"].to_str().unwrap(),
-            format!(
-                r#""burst";r={};t={burst_t}, "daily";r={};t=0"#,
-                20 - i,
-                1000 - i
-            )
-        );
-        assert_eq!(
-            r.headers()["x-rate-limit-remaining"],
-            (20 - i).to_string().as_str()
-        );
-    }
-    let r = call(&svc, req(Some("k"), "/books/1")).await;
-    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(r.headers()["retry-after"], "3");
-    assert_eq!(r.headers()["content-type"], "application/problem+json");
-    assert_eq!(
-        r.headers()["ratelimit"],
-        r#""burst";r=0;t=3, "daily";r=980;t=0"#
-    );
-    let body = body_json(&r);
-    assert_eq!(body["status"], 429);
-    assert_eq!(body["title"], "Too Many Requests");
-    assert_eq!(body["type"], "about:blank");
-    assert_eq!(body["retry_after"], 3);
-    assert_eq!(body["plan"], "free");
+        assert_eq!(r.headers()["x-rate-limit-remaining"], "0", "{kind:?}");
+        let body = body_json(&r);
+        assert_eq!(body["status"], 429);
+        assert_eq!(body["title"], "Too Many Requests");
+        assert_eq!(body["type"], "about:blank");
+        assert_eq!(body["retry_after"], 3);
+        assert_eq!(body["plan"], "free");
+        assert_eq!(body["cost"], 1);
+        assert_eq!(body["remaining"], 0);
 
-    // 1 ns short of a token: still limited, and Retry-After rounds up to 1 (never 0).
-    clock.advance(Duration::from_nanos(2_999_999_999));
-    let r = call(&svc, req(Some("k"), "/books/1")).await;
-    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(r.headers()["retry-after"], "1");
-    clock.advance(Duration::from_nanos(1));
-    assert_eq!(
-        call(&svc, req(Some("k"), "/books/1")).await.status(),
-        StatusCode::OK
-    );
+        // Half a token's wait left: Retry-After rounds up.
+        store.clock.advance(Duration::from_millis(1_500));
+        let r = call(&svc, req(Some("k"), "/books/1")).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{kind:?}");
+        assert_eq!(r.headers()["retry-after"], "2", "{kind:?}");
+        assert_eq!(
+            r.headers()["ratelimit"],
+            r#""burst";r=0;t=2, "daily";r=980;t=0"#,
+            "{kind:?}"
+        );
+        // 1 ns short of a token: still limited, and Retry-After rounds up to 1 (never 0).
+        store.clock.advance(Duration::from_nanos(1_499_999_999));
+        let r = call(&svc, req(Some("k"), "/books/1")).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{kind:?}");
+        assert_eq!(r.headers()["retry-after"], "1", "{kind:?}");
+        store.clock.advance(Duration::from_nanos(1));
+        let r = call(&svc, req(Some("k"), "/books/1")).await;
+        assert_eq!(r.status(), StatusCode::OK, "{kind:?}");
+        assert_eq!(
+            r.headers()["ratelimit"],
+            r#""burst";r=0;t=3, "daily";r=979;t=0"#,
+            "{kind:?}"
+        );
+        assert_eq!(store.keys(&layer), 1, "{kind:?}");
+    }
 }
 
 #[tokio::test]
 async fn costs_come_from_the_request_and_over_capacity_is_a_configuration_error() {
-    let (_clock, manager) = manual();
-    let layer = RateLimitLayer::builder()
-        .backend(manager)
-        .plans(free_plan())
-        .cost(|r| match r.uri().path() {
-            "/search" => 5,
-            "/export" => u64::MAX,
-            "/health" => 0,
-            _ => 1,
-        })
-        .build();
-    let svc = layer.clone().layer(hello());
-    for _ in 0..4 {
+    for store in stores(10_000) {
+        let kind = store.kind;
+        let layer = store
+            .builder()
+            .plans(free_plan())
+            .cost(|r| match r.uri().path() {
+                "/search" => 5,
+                "/export" => u64::MAX,
+                "/bulk" => 21,
+                "/health" => 0,
+                _ => 1,
+            })
+            .build()
+            .unwrap();
+        let svc = layer.clone().layer(hello());
+        for _ in 0..4 {
+            assert_eq!(
+                call(&svc, req(Some("k"), "/search")).await.status(),
+                StatusCode::OK,
+                "{kind:?}"
+            );
+        }
+        let r = call(&svc, req(Some("k"), "/search")).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{kind:?}");
+        assert_eq!(r.headers()["retry-after"], "15", "{kind:?}");
         assert_eq!(
-            call(&svc, req(Some("k"), "/search")).await.status(),
-            StatusCode::OK
+            r.headers()["ratelimit"],
+            r#""burst";r=0;t=15, "daily";r=980;t=0"#
+        );
+        assert_eq!(body_json(&r)["cost"], 5);
+
+        let r = call(&svc, req(Some("other"), "/export")).await;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{kind:?}");
+        assert!(r.headers().get("retry-after").is_none());
+        assert!(r.headers().get("ratelimit").is_none());
+        let body = body_json(&r);
+        assert!(
+            body["detail"]
+                .as_str()
+                .unwrap()
+                .starts_with("cost exceeds capacity"),
+            "{kind:?}: {body}"
+        );
+        assert_eq!(body["capacity"], 20);
+        assert_eq!(body["cost"], u64::MAX);
+        assert_eq!(body["plan"], "free");
+        // Beyond the capacity of a bucket that exists: answered 500, the bucket untouched.
+        for path in ["/export", "/bulk"] {
+            let r = call(&svc, req(Some("k"), path)).await;
+            assert_eq!(
+                r.status(),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "{kind:?} {path}"
+            );
+            assert_eq!(body_json(&r)["capacity"], 20, "{kind:?} {path}");
+        }
+        let r = call(&svc, req(Some("fresh"), "/bulk")).await;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{kind:?}");
+        assert_eq!(body_json(&r)["cost"], 21);
+        // Cost 0 is unmetered: no bucket, no headers (even on a key whose bucket is empty).
+        for key in ["third", "k"] {
+            let r = call(&svc, req(Some(key), "/health")).await;
+            assert_eq!(r.status(), StatusCode::OK, "{kind:?} {key}");
+            assert!(r.headers().get("ratelimit").is_none(), "{kind:?} {key}");
+            assert!(
+                r.headers().get("ratelimit-policy").is_none(),
+                "{kind:?} {key}"
+            );
+        }
+        assert_eq!(store.keys(&layer), 1, "{kind:?}: only `k` has a bucket");
+        // `k` kept its state through the 500 and the unmetered request: still empty, one
+        // token 3 s later, a search (5) refused with that token left, 4 × 3 s to wait.
+        store.clock.advance(Duration::from_secs(3));
+        let r = call(&svc, req(Some("k"), "/search")).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{kind:?}");
+        assert_eq!(r.headers()["retry-after"], "12", "{kind:?}");
+        assert_eq!(body_json(&r)["remaining"], 1, "{kind:?}");
+        let r = call(&svc, req(Some("k"), "/books/1")).await;
+        assert_eq!(r.status(), StatusCode::OK, "{kind:?}");
+        assert_eq!(
+            r.headers()["ratelimit"],
+            r#""burst";r=0;t=3, "daily";r=979;t=0"#
         );
     }
-    let r = call(&svc, req(Some("k"), "/search")).await;
-    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(r.headers()["retry-after"], "15");
-    assert_eq!(body_json(&r)["cost"], 5);
-
-    let r = call(&svc, req(Some("other"), "/export")).await;
-    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(r.headers().get("retry-after").is_none());
-    let body = body_json(&r);
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap()
-            .starts_with("cost exceeds capacity"),
-        "{body}"
-    );
-    assert_eq!(body["capacity"], 20);
-    // Cost 0 is unmetered: no bucket, no headers.
-    let r = call(&svc, req(Some("third"), "/health")).await;
-    assert_eq!(r.status(), StatusCode::OK);
-    assert!(r.headers().get("ratelimit").is_none());
-    assert_eq!(layer.manager().backend().len(), 1, "only `k` has a bucket");
 }
 
 #[tokio::test]
-async fn missing_malformed_and_unknown_keys_never_reach_the_backend() {
-    let (_clock, manager) = manual();
-    let table = PlanTable::from_toml(
-        r#"
-        [plans.free]
-        limits = ["20 per minute"]
-        [keys]
-        good = "free"
-        "#,
-    )
-    .unwrap();
-    let layer = RateLimitLayer::builder()
-        .backend(manager)
-        .plans(table)
-        .build();
-    let svc = layer.clone().layer(hello());
+async fn missing_malformed_and_unknown_keys_never_reach_the_store() {
+    for store in stores(10_000) {
+        let kind = store.kind;
+        let table = PlanTable::from_toml(
+            r#"
+            [plans.free]
+            limits = ["20 per minute"]
+            [keys]
+            good = "free"
+            "#,
+        )
+        .unwrap();
+        let layer = store.builder().plans(table).build().unwrap();
+        let svc = layer.clone().layer(hello());
 
-    let r = call(&svc, req(None, "/")).await;
-    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
-    assert_eq!(r.headers()["www-authenticate"], "ApiKey");
-    assert_eq!(body_json(&r)["status"], 401);
+        let r = call(&svc, req(None, "/")).await;
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{kind:?}");
+        assert_eq!(r.headers()["www-authenticate"], "ApiKey");
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        assert_eq!(body_json(&r)["status"], 401);
 
-    let mut bad = req(None, "/");
-    bad.headers_mut().insert(
-        "x-api-key",
-        HeaderValue::from_bytes(b"caf\xc3\xa9 \xff").unwrap(),
-    );
-    assert_eq!(call(&svc, bad).await.status(), StatusCode::UNAUTHORIZED);
-    let huge = "k".repeat(10_000);
-    assert_eq!(
-        call(&svc, req(Some(&huge), "/")).await.status(),
-        StatusCode::UNAUTHORIZED
-    );
-    assert_eq!(
-        call(&svc, req(Some("nobody"), "/")).await.status(),
-        StatusCode::UNAUTHORIZED
-    );
-    assert_eq!(
-        call(&svc, req(Some("good"), "/")).await.status(),
-        StatusCode::OK
-    );
-    assert_eq!(layer.manager().backend().len(), 1);
+        let mut bad = req(None, "/");
+        bad.headers_mut().insert(
+            "x-api-key",
+            HeaderValue::from_bytes(b"caf\xc3\xa9 \xff").unwrap(),
+        );
+        assert_eq!(call(&svc, bad).await.status(), StatusCode::UNAUTHORIZED);
+        let huge = "k".repeat(10_000);
+        assert_eq!(
+            call(&svc, req(Some(&huge), "/")).await.status(),
+            StatusCode::UNAUTHORIZED,
+            "{kind:?}"
+        );
+        for _ in 0..2 {
+            let r = call(&svc, req(Some("nobody"), "/")).await;
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{kind:?}");
+            assert_eq!(body_json(&r)["detail"], "unknown client key");
+        }
+        let r = call(&svc, req(Some("good"), "/")).await;
+        assert_eq!(r.status(), StatusCode::OK, "{kind:?}");
+        assert_eq!(r.headers()["ratelimit"], r#""0";r=19;t=0"#);
+        assert_eq!(store.keys(&layer), 1, "{kind:?}");
 
-    let forbidding = RateLimitLayer::builder()
-        .plans(|_: &str| -> Option<Plan> { None })
-        .unknown_key_status(StatusCode::FORBIDDEN)
-        .build()
-        .layer(hello());
-    let r = call(&forbidding, req(Some("x"), "/")).await;
-    assert_eq!(r.status(), StatusCode::FORBIDDEN);
-    assert!(r.headers().get("www-authenticate").is_none());
+        let forbidding = store
+            .builder()
+            .plans(|_: &str| -> Option<Plan> { None })
+            .unknown_key_status(StatusCode::FORBIDDEN)
+            .missing_key_status(StatusCode::BAD_REQUEST)
+            .build()
+            .unwrap()
+            .layer(hello());
+        let r = call(&forbidding, req(Some("x"), "/")).await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{kind:?}");
+        assert!(r.headers().get("www-authenticate").is_none());
+        let r = call(&forbidding, req(None, "/")).await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{kind:?}");
+        assert!(r.headers().get("www-authenticate").is_none());
+        // No plans at all: every key is unknown.
+        let no_plans = store.builder().build().unwrap().layer(hello());
+        let r = call(&no_plans, req(Some("x"), "/")).await;
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{kind:?}");
+    }
 }
 
 #[tokio::test]
 async fn client_ip_and_closure_keys() {
-    let (_clock, manager) = manual();
-    let one = BucketConfiguration::builder()
-        .add_limit(Bandwidth::simple(1, Duration::from_secs(60)).unwrap())
-        .build()
-        .unwrap();
-    let svc = RateLimitLayer::builder()
-        .backend(manager)
-        .key(KeyExtractor::client_ip())
-        .plans(Plan::new("per-ip", one.clone()))
-        .build()
-        .layer(hello());
-    let from = |ip: [u8; 4]| {
-        let mut r = req(None, "/");
-        r.extensions_mut()
-            .insert(std::net::SocketAddr::from((ip, 5555)));
-        r
-    };
-    assert_eq!(
-        call(&svc, from([10, 0, 0, 1])).await.status(),
-        StatusCode::OK
-    );
-    assert_eq!(
-        call(&svc, from([10, 0, 0, 1])).await.status(),
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    assert_eq!(
-        call(&svc, from([10, 0, 0, 2])).await.status(),
-        StatusCode::OK
-    );
-    assert_eq!(
-        call(&svc, req(None, "/")).await.status(),
-        StatusCode::UNAUTHORIZED
-    );
+    for store in stores(10_000) {
+        let kind = store.kind;
+        let one = simple(1, Duration::from_secs(60));
+        let svc = store
+            .builder()
+            .key(KeyExtractor::client_ip())
+            .plans(Plan::new("per-ip", one.clone()))
+            .build()
+            .unwrap()
+            .layer(hello());
+        let from = |ip: [u8; 4]| {
+            let mut r = req(None, "/");
+            r.extensions_mut()
+                .insert(std::net::SocketAddr::from((ip, 5555)));
+            r
+        };
+        assert_eq!(
+            call(&svc, from([10, 0, 0, 1])).await.status(),
+            StatusCode::OK,
+            "{kind:?}"
+        );
+        assert_eq!(
+            call(&svc, from([10, 0, 0, 1])).await.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{kind:?}"
+        );
+        assert_eq!(
+            call(&svc, from([10, 0, 0, 2])).await.status(),
+            StatusCode::OK,
+            "{kind:?}"
+        );
+        assert_eq!(
+            call(&svc, req(None, "/")).await.status(),
+            StatusCode::UNAUTHORIZED,
+            "{kind:?}"
+        );
 
-    let by_tenant = RateLimitLayer::builder()
-        .key(KeyExtractor::from_fn(|r| {
-            r.uri().path().split('/').nth(1).map(str::to_owned)
-        }))
-        .plans(Plan::new("tenant", one))
-        .build()
-        .layer(hello());
-    assert_eq!(
-        call(&by_tenant, req(None, "/acme/a")).await.status(),
-        StatusCode::OK
-    );
-    assert_eq!(
-        call(&by_tenant, req(None, "/acme/b")).await.status(),
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    assert_eq!(
-        call(&by_tenant, req(None, "/globex/a")).await.status(),
-        StatusCode::OK
-    );
+        let by_tenant = store
+            .builder()
+            .key(KeyExtractor::from_fn(|r| {
+                r.uri().path().split('/').nth(1).map(str::to_owned)
+            }))
+            .plans(Plan::new("tenant", one))
+            .build()
+            .unwrap()
+            .layer(hello());
+        assert_eq!(
+            call(&by_tenant, req(None, "/acme/a")).await.status(),
+            StatusCode::OK,
+            "{kind:?}"
+        );
+        assert_eq!(
+            call(&by_tenant, req(None, "/acme/b")).await.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{kind:?}"
+        );
+        assert_eq!(
+            call(&by_tenant, req(None, "/globex/a")).await.status(),
+            StatusCode::OK,
+            "{kind:?}"
+        );
+    }
 }
 
+/// A key whose plan changes keeps its bucket, switched to the new plan with its tokens as
+/// they are: in process the bucket is switched first and the request decided under the new
+/// plan; on a remote store the request is decided under what the bucket had, then switched.
 #[tokio::test]
 async fn a_changed_plan_takes_over_the_existing_bucket() {
-    let (_clock, manager) = manual();
-    let small = Plan::new(
-        "free",
-        BucketConfiguration::builder()
-            .add_limit(bw("burst", 2, Duration::from_secs(60)))
-            .build()
-            .unwrap(),
-    );
-    let big = Plan::new(
-        "pro",
-        BucketConfiguration::builder()
-            .add_limit(bw("burst", 200, Duration::from_secs(60)))
-            .build()
-            .unwrap(),
-    );
-    let upgraded = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = upgraded.clone();
-    let svc = RateLimitLayer::builder()
-        .backend(manager)
-        .plans(move |_: &str| {
-            Some(if flag.load(std::sync::atomic::Ordering::SeqCst) {
-                big.clone()
-            } else {
-                small.clone()
+    for store in stores(10_000) {
+        let kind = store.kind;
+        let small = Plan::new(
+            "free",
+            BucketConfiguration::builder()
+                .add_limit(bw("burst", 2, Duration::from_secs(60)))
+                .build()
+                .unwrap(),
+        );
+        let big = Plan::new(
+            "pro",
+            BucketConfiguration::builder()
+                .add_limit(bw("burst", 200, Duration::from_secs(60)))
+                .build()
+                .unwrap(),
+        );
+        let upgraded = Arc::new(AtomicBool::new(false));
+        let flag = upgraded.clone();
+        let svc = store
+            .builder()
+            .plans(move |_: &str| {
+                Some(if flag.load(Ordering::SeqCst) {
+                    big.clone()
+                } else {
+                    small.clone()
+                })
             })
-        })
-        .build()
-        .layer(hello());
-    call(&svc, req(Some("k"), "/")).await;
-    call(&svc, req(Some("k"), "/")).await;
-    assert_eq!(
-        call(&svc, req(Some("k"), "/")).await.status(),
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    upgraded.store(true, std::sync::atomic::Ordering::SeqCst);
-    // The request that sees the new plan is still decided by the stored (free) bucket, which
-    // is then switched to pro, keeping its tokens (none): pro refills 200/min, i.e. 1 per 0.3 s.
-    let r = call(&svc, req(Some("k"), "/")).await;
-    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-    let r = call(&svc, req(Some("k"), "/")).await;
-    assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=200;w=60"#);
+            .build()
+            .unwrap()
+            .layer(hello());
+        call(&svc, req(Some("k"), "/")).await;
+        call(&svc, req(Some("k"), "/")).await;
+        let r = call(&svc, req(Some("k"), "/")).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{kind:?}");
+        assert_eq!(r.headers()["retry-after"], "30", "{kind:?}");
+        upgraded.store(true, Ordering::SeqCst);
+        // The first request under pro: the free bucket's tokens (none) carried over.
+        let r = call(&svc, req(Some("k"), "/")).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{kind:?}");
+        let body = body_json(&r);
+        match kind {
+            Kind::InProcess => {
+                // Switched, then decided under pro: 200/min, one token per 0.3 s.
+                assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=200;w=60"#);
+                assert_eq!(r.headers()["retry-after"], "1");
+                assert_eq!(body["plan"], "pro");
+            }
+            Kind::Remote => {
+                // Decided under the stored free bucket (one token per 30 s), then switched.
+                assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=2;w=60"#);
+                assert_eq!(r.headers()["retry-after"], "30");
+                assert_eq!(
+                    body["plan"], "pro",
+                    "the key's plan, under the bucket's limits"
+                );
+            }
+        }
+        let r = call(&svc, req(Some("k"), "/")).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{kind:?}");
+        assert_eq!(
+            r.headers()["ratelimit-policy"],
+            r#""burst";q=200;w=60"#,
+            "{kind:?}"
+        );
+        assert_eq!(r.headers()["retry-after"], "1", "{kind:?}");
+        // Pro's refill, not a fresh pro bucket (200 tokens) nor free's (30 s a token).
+        store.clock.advance(Duration::from_millis(300));
+        let r = call(&svc, req(Some("k"), "/")).await;
+        assert_eq!(r.status(), StatusCode::OK, "{kind:?}");
+        assert_eq!(r.headers()["ratelimit"], r#""burst";r=0;t=1"#, "{kind:?}");
+    }
 }
 
 /// A backend that is always down.
 #[derive(Debug)]
 struct Down;
 
+fn refused() -> BackendError {
+    BackendError::new(BackendErrorKind::Unavailable, "connection refused")
+}
+
 #[async_trait]
 impl Backend for Down {
     async fn transact(&self, _: &StorageKey, _: &mut dyn Transaction) -> Result<(), BackendError> {
-        Err(BackendError::new(
-            BackendErrorKind::Unavailable,
-            "connection refused",
-        ))
+        Err(refused())
     }
     async fn read(&self, _: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
-        Err(BackendError::new(
-            BackendErrorKind::Unavailable,
-            "connection refused",
-        ))
+        Err(refused())
     }
     async fn remove(&self, _: &StorageKey) -> Result<bool, BackendError> {
-        Err(BackendError::new(
-            BackendErrorKind::Unavailable,
-            "connection refused",
-        ))
+        Err(refused())
     }
 }
 
 /// The embedded backend behind one `yield_now`: its answer is not there at the first poll.
-/// `in_process` says what it claims (the layer polls an in-process backend once in `call`).
+/// `in_process` says what it claims.
 #[derive(Debug)]
 struct Yielding {
     inner: EmbeddedBackend,
@@ -383,8 +578,15 @@ impl Backend for Yielding {
     }
 }
 
+type Answer = (
+    StatusCode,
+    Option<HeaderValue>,
+    Option<HeaderValue>,
+    Option<HeaderValue>,
+);
+
 /// Status and rate-limit headers of 22 requests on one key (the 21st and 22nd refused).
-async fn answers<S>(svc: &S) -> Vec<(StatusCode, Option<HeaderValue>, Option<HeaderValue>)>
+async fn answers<S>(svc: &S) -> Vec<Answer>
 where
     S: Service<Request<()>, Response = Resp, Error = Infallible> + Clone,
 {
@@ -392,23 +594,38 @@ where
     for _ in 0..22 {
         let r = call(svc, req(Some("k"), "/books/1")).await;
         let h = |name: &str| r.headers().get(name).cloned();
-        out.push((r.status(), h("ratelimit"), h("retry-after")));
+        out.push((
+            r.status(),
+            h("ratelimit"),
+            h("retry-after"),
+            h("x-rate-limit-remaining"),
+        ));
     }
     out
 }
 
 #[tokio::test]
 async fn a_backend_that_answers_later_gets_the_same_answers() {
-    let (_, manager) = manual();
-    let svc = RateLimitLayer::builder()
-        .backend(manager)
-        .plans(free_plan())
-        .build()
-        .layer(hello());
-    let expected = answers(&svc).await;
+    let mut by_store = Vec::new();
+    for store in stores(10_000) {
+        let svc = store
+            .builder()
+            .plans(free_plan())
+            .remaining_header(true)
+            .build()
+            .unwrap()
+            .layer(hello());
+        by_store.push(answers(&svc).await);
+    }
+    let expected = &by_store[0];
+    assert_eq!(&by_store[1], expected, "in process and remote answer alike");
     assert_eq!(expected[19].0, StatusCode::OK);
     assert_eq!(expected[20].0, StatusCode::TOO_MANY_REQUESTS);
-    assert!(expected.iter().all(|(_, rl, _)| rl.is_some()));
+    assert!(
+        expected
+            .iter()
+            .all(|(_, rl, _, rem)| rl.is_some() && rem.is_some())
+    );
     for in_process in [false, true] {
         let clock = ManualClock::new(1_000_000_000);
         let backend = Yielding {
@@ -418,10 +635,47 @@ async fn a_backend_that_answers_later_gets_the_same_answers() {
         let svc = RateLimitLayer::builder()
             .backend(ProxyManager::new(backend))
             .plans(free_plan())
+            .remaining_header(true)
             .build()
+            .unwrap()
             .layer(hello());
-        assert_eq!(answers(&svc).await, expected, "in_process: {in_process}");
+        assert_eq!(&answers(&svc).await, expected, "in_process: {in_process}");
     }
+}
+
+const UNAVAILABLE_DETAIL: &str = "the rate limiter cannot decide right now; try again shortly";
+
+/// The answer of a store that cannot decide under `FailurePolicy::error`: 503, a generic
+/// body (nothing of the store's own error), Retry-After 1, no rate-limit headers.
+fn assert_unavailable(r: &Resp, what: &str) {
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE, "{what}");
+    assert_eq!(
+        r.headers()["content-type"],
+        "application/problem+json",
+        "{what}"
+    );
+    assert_eq!(r.headers()["retry-after"], "1", "{what}");
+    assert!(r.headers().get("ratelimit").is_none(), "{what}");
+    let body = body_json(r);
+    assert_eq!(body["status"], 503, "{what}");
+    assert_eq!(body["detail"], UNAVAILABLE_DETAIL, "{what}");
+    let text = String::from_utf8_lossy(r.body()).into_owned();
+    for leak in ["refused", "maximum", "keys", "capacity"] {
+        assert!(
+            !text.contains(leak),
+            "{what}: the body tells {leak:?}: {text}"
+        );
+    }
+}
+
+/// The answer of a store that cannot decide under `FailurePolicy::deny`.
+fn assert_denied_on_failure(r: &Resp, what: &str) {
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{what}");
+    assert_eq!(r.headers()["retry-after"], "1", "{what}");
+    assert!(r.headers().get("ratelimit").is_none(), "{what}");
+    let detail = body_json(r)["detail"].as_str().unwrap().to_owned();
+    assert!(detail.contains("failure policy"), "{what}: {detail}");
+    assert!(!detail.contains("refused"), "{what}: {detail}");
 }
 
 #[tokio::test]
@@ -432,48 +686,104 @@ async fn backend_failures_follow_the_failure_policy_never_a_silent_allow() {
             .plans(free_plan())
             .failure_policy(policy)
             .build()
+            .unwrap()
             .layer(hello())
     };
     let r = call(&layer(FailurePolicy::error()), req(Some("k"), "/")).await;
-    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(r.headers()["content-type"], "application/problem+json");
-    assert!(
-        body_json(&r)["detail"]
-            .as_str()
-            .unwrap()
-            .contains("connection refused")
-    );
+    assert_unavailable(&r, "down, error policy");
 
     let r = call(&layer(FailurePolicy::deny()), req(Some("k"), "/")).await;
-    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(r.headers()["retry-after"], "1");
-    let detail = body_json(&r)["detail"].as_str().unwrap().to_owned();
-    assert!(
-        detail.contains("connection refused") && detail.contains("failure policy"),
-        "{detail}"
-    );
+    assert_denied_on_failure(&r, "down, deny policy");
 
-    let two = BucketConfiguration::builder()
-        .add_limit(Bandwidth::simple(2, Duration::from_secs(60)).unwrap())
-        .build()
-        .unwrap();
-    let svc = layer(FailurePolicy::fallback(two));
-    assert_eq!(
-        call(&svc, req(Some("k"), "/")).await.status(),
-        StatusCode::OK
-    );
-    assert_eq!(
-        call(&svc, req(Some("k"), "/")).await.status(),
-        StatusCode::OK
-    );
-    assert_eq!(
-        call(&svc, req(Some("k"), "/")).await.status(),
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    let svc = layer(FailurePolicy::fallback(simple(2, Duration::from_secs(60))).unwrap());
+    for _ in 0..2 {
+        let r = call(&svc, req(Some("k"), "/")).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(
+            r.headers().get("ratelimit").is_none(),
+            "a fallback decision has no remote state to report"
+        );
+    }
+    let r = call(&svc, req(Some("k"), "/")).await;
+    assert_denied_on_failure(&r, "down, fallback exhausted");
     assert_eq!(
         call(&svc, req(Some("j"), "/")).await.status(),
-        StatusCode::OK
+        StatusCode::OK,
+        "the fallback limits per key"
     );
+    // What needs no store is answered without it.
+    assert_eq!(
+        call(&svc, req(None, "/")).await.status(),
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+/// Makes a failure policy (a fallback's local limiter is per policy).
+type MakePolicy = fn() -> FailurePolicy;
+
+/// A store full of keys that cannot be forgotten cannot decide for a new key: the failure
+/// policy does, on both stores; known keys are served as ever, and once a bucket can be
+/// forgotten, the new key gets one.
+#[tokio::test]
+async fn a_full_store_follows_the_failure_policy() {
+    let policies: [(&str, MakePolicy); 3] = [
+        ("error", FailurePolicy::error),
+        ("deny", FailurePolicy::deny),
+        ("fallback", || {
+            FailurePolicy::fallback(simple(2, Duration::from_secs(60))).unwrap()
+        }),
+    ];
+    for (name, policy) in policies {
+        for store in stores(1) {
+            let what = format!("{:?}, {name} policy", store.kind);
+            let layer = store
+                .builder()
+                .plans(Plan::new("two", simple(2, Duration::from_secs(2))))
+                .failure_policy(policy())
+                .build()
+                .unwrap();
+            let svc = layer.clone().layer(hello());
+            // `a` takes the only place: half empty, it cannot be forgotten.
+            let r = call(&svc, req(Some("a"), "/")).await;
+            assert_eq!(r.status(), StatusCode::OK, "{what}");
+            assert_eq!(r.headers()["ratelimit"], r#""0";r=1;t=0"#, "{what}");
+            for i in 0..3 {
+                let r = call(&svc, req(Some("b"), "/")).await;
+                match (name, i) {
+                    ("error", _) => assert_unavailable(&r, &what),
+                    ("deny", _) | ("fallback", 2) => assert_denied_on_failure(&r, &what),
+                    _ => {
+                        assert_eq!(r.status(), StatusCode::OK, "{what}: the fallback limit");
+                        assert!(r.headers().get("ratelimit").is_none(), "{what}");
+                    }
+                }
+            }
+            assert_eq!(store.keys(&layer), 1, "{what}");
+            // The known key is served from its bucket as ever.
+            let r = call(&svc, req(Some("a"), "/")).await;
+            assert_eq!(r.status(), StatusCode::OK, "{what}");
+            assert_eq!(r.headers()["ratelimit"], r#""0";r=0;t=1"#, "{what}");
+            assert_eq!(
+                call(&svc, req(Some("a"), "/")).await.status(),
+                StatusCode::TOO_MANY_REQUESTS,
+                "{what}"
+            );
+            // Full again 1 ns short of 2 s: still not forgettable.
+            store.clock.advance(Duration::from_nanos(1_999_999_999));
+            let r = call(&svc, req(Some("b"), "/")).await;
+            assert_ne!(r.status(), StatusCode::OK, "{what}");
+            assert!(
+                r.headers().get("ratelimit-policy").is_none(),
+                "{what}: not metered"
+            );
+            // Full: `a` is forgotten to make room, and `b` is metered.
+            store.clock.advance(Duration::from_nanos(1));
+            let r = call(&svc, req(Some("b"), "/")).await;
+            assert_eq!(r.status(), StatusCode::OK, "{what}");
+            assert_eq!(r.headers()["ratelimit"], r#""0";r=1;t=0"#, "{what}");
+            assert_eq!(store.keys(&layer), 1, "{what}");
+        }
+    }
 }
 
 async fn flood<S>(svc: &S, round: usize) -> (usize, usize)
@@ -495,65 +805,106 @@ where
 #[tokio::test]
 async fn a_key_flood_never_grows_past_the_cap_and_busy_clients_keep_their_bucket() {
     const CAP: usize = 100;
-    let clock = ManualClock::new(1_000_000_000);
-    let manager = ProxyManager::new(EmbeddedBackend::with_clock(clock.clone()).with_max_keys(CAP));
-    let five = BucketConfiguration::builder()
-        .add_limit(Bandwidth::simple(5, Duration::from_secs(1)).unwrap())
-        .build()
-        .unwrap();
-    let layer = RateLimitLayer::builder()
-        .backend(manager)
-        .plans(Plan::new("per-client", five))
-        .failure_policy(FailurePolicy::deny())
-        .build();
-    let svc = layer.clone().layer(hello());
-    let len = || layer.manager().backend().len();
+    for store in stores(CAP) {
+        let kind = store.kind;
+        let layer = store
+            .builder()
+            .plans(Plan::new("per-client", simple(5, Duration::from_secs(1))))
+            .failure_policy(FailurePolicy::deny())
+            .build()
+            .unwrap();
+        let svc = layer.clone().layer(hello());
+        let len = || store.keys(&layer);
 
-    // A busy client empties its bucket.
-    for _ in 0..5 {
+        // A busy client empties its bucket.
+        for _ in 0..5 {
+            assert_eq!(
+                call(&svc, req(Some("busy"), "/")).await.status(),
+                StatusCode::OK,
+                "{kind:?}"
+            );
+        }
+        let mut max_len = len();
+        let mut round = 0;
+        let (ok, denied) = flood(&svc, round).await;
+        max_len = max_len.max(len());
+        // No flood key has refilled yet: exactly CAP - 1 got in, the rest met the deny policy.
+        assert_eq!((ok, denied), (CAP - 1, 1_000 - (CAP - 1)), "{kind:?}");
         assert_eq!(
             call(&svc, req(Some("busy"), "/")).await.status(),
-            StatusCode::OK
-        );
-    }
-    let mut max_len = len();
-    let mut round = 0;
-    let (ok, denied) = flood(&svc, round).await;
-    max_len = max_len.max(len());
-    // No flood key has refilled yet: exactly CAP - 1 got in, the rest met the deny policy.
-    assert_eq!((ok, denied), (CAP - 1, 1_000 - (CAP - 1)));
-    assert_eq!(
-        call(&svc, req(Some("busy"), "/")).await.status(),
-        StatusCode::TOO_MANY_REQUESTS
-    );
-
-    for _ in 0..5 {
-        // Flood keys (1 token of 5 used) are full again after 0.2 s and expire 1 s later
-        // (the TTL margin); the busy client keeps draining its bucket and never expires.
-        clock.advance(Duration::from_millis(1_500));
-        round += 1;
-        let mut busy_ok = 0;
-        for _ in 0..6 {
-            if call(&svc, req(Some("busy"), "/")).await.status() == StatusCode::OK {
-                busy_ok += 1;
-            }
-        }
-        assert_eq!(
-            busy_ok, 5,
-            "the busy client gets its refill (5/s for 1.5 s, capped), not a fresh bucket"
-        );
-        let (ok, _) = flood(&svc, round).await;
-        assert_eq!(ok, CAP - 1, "expired flood keys were evicted to make room");
-        let r = call(&svc, req(Some("busy"), "/")).await;
-        assert_eq!(
-            r.status(),
             StatusCode::TOO_MANY_REQUESTS,
-            "the busy client was not handed a fresh bucket"
+            "{kind:?}"
         );
-        max_len = max_len.max(len());
-        assert!(len() <= CAP);
+
+        for _ in 0..5 {
+            // Flood keys (1 token of 5 used) are full again after 0.2 s; the busy client
+            // keeps draining its bucket.
+            store.clock.advance(Duration::from_millis(1_500));
+            round += 1;
+            let mut busy_ok = 0;
+            for _ in 0..6 {
+                if call(&svc, req(Some("busy"), "/")).await.status() == StatusCode::OK {
+                    busy_ok += 1;
+                }
+            }
+            assert_eq!(
+                busy_ok, 5,
+                "{kind:?}: the busy client gets its refill (5/s for 1.5 s, capped)"
+            );
+            let (ok, _) = flood(&svc, round).await;
+            assert_eq!(
+                ok,
+                CAP - 1,
+                "{kind:?}: full flood keys were forgotten to make room"
+            );
+            let r = call(&svc, req(Some("busy"), "/")).await;
+            assert_eq!(
+                r.status(),
+                StatusCode::TOO_MANY_REQUESTS,
+                "{kind:?}: the busy client was not handed a fresh bucket"
+            );
+            max_len = max_len.max(len());
+            assert!(len() <= CAP, "{kind:?}");
+        }
+        assert!(max_len <= CAP, "{kind:?}: map grew to {max_len}");
     }
-    assert!(max_len <= CAP, "map grew to {max_len}");
+}
+
+#[test]
+fn the_builder_chooses_the_store() {
+    let plan = || Plan::new("p", simple(5, Duration::from_secs(1)));
+    let local = RateLimitLayer::builder().plans(plan()).build().unwrap();
+    let store = local.local_store().expect("in process by default");
+    assert_eq!(store.available_tokens("some client").unwrap(), 5);
+    assert!(store.is_empty(), "asking about a key stores no full bucket");
+
+    let remote = RateLimitLayer::builder()
+        .backend(ProxyManager::new(EmbeddedBackend::new()))
+        .plans(plan())
+        .build()
+        .unwrap();
+    assert!(remote.local_store().is_none());
+    // The last store setting wins.
+    let back_home = RateLimitLayer::builder()
+        .backend(ProxyManager::new(EmbeddedBackend::new()))
+        .max_keys(3)
+        .plans(plan())
+        .build()
+        .unwrap();
+    assert!(back_home.local_store().is_some());
+
+    assert_eq!(
+        RateLimitLayer::builder().max_keys(0).build().unwrap_err(),
+        bucket4rs_core::ConfigError::ZeroMaxKeys
+    );
+    assert!(
+        RateLimitLayer::builder()
+            .clock(ManualClock::new(0))
+            .max_keys(0)
+            .build()
+            .is_err()
+    );
+    assert!(EmbeddedBackend::new().with_max_keys(0).is_err());
 }
 
 #[test]
@@ -632,12 +983,12 @@ fn plans_file_errors_name_the_field() {
 /// A plan resolver that counts its `resolve` calls, and passes `fixed_plans` on.
 struct Counting<R> {
     inner: R,
-    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    calls: Arc<AtomicUsize>,
 }
 
 impl<R: PlanResolver> PlanResolver for Counting<R> {
     fn resolve(&self, key: &str) -> Option<Plan> {
-        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.resolve(key)
     }
     fn fixed_plans(&self) -> Option<Vec<Plan>> {
@@ -660,139 +1011,305 @@ fn two_plans() -> PlanTable {
     .unwrap()
 }
 
-/// With fixed plans (a plans file) a key is resolved only when it has no live bucket: its
-/// plan is read off the bucket's configuration, with the same answers as resolving it.
-#[tokio::test]
-async fn a_known_client_of_fixed_plans_is_resolved_once() {
-    let (clock, manager) = manual();
-    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = || calls.load(std::sync::atomic::Ordering::SeqCst);
-    let layer = RateLimitLayer::builder()
-        .backend(manager)
-        .plans(Counting {
-            inner: two_plans(),
-            calls: calls.clone(),
-        })
-        .cost(|r| match r.uri().path() {
-            "/search" => 50,
-            "/export" => u64::MAX,
-            _ => 1,
-        })
-        .build();
-    let svc = layer.clone().layer(hello());
-    for i in 1..=25u64 {
-        let r = call(&svc, req(Some("f"), "/books/1")).await;
-        if i <= 20 {
-            assert_eq!(r.status(), StatusCode::OK, "request {i}");
-            assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=20;w=60"#);
-            let t = if i == 20 { 3 } else { 0 };
-            assert_eq!(
-                r.headers()["ratelimit"].to_str().unwrap(),
-                format!(r#""burst";r={};t={t}"#, 20 - i)
-            );
-        } else {
-            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "request {i}");
-            assert_eq!(r.headers()["retry-after"], "3");
-            assert_eq!(body_json(&r)["plan"], "free");
-        }
+/// Forgets every bucket a fresh one would replace, in `store`; how many.
+fn sweep(store: &Store, layer: &RateLimitLayer) -> usize {
+    match &store.manager {
+        None => layer.local_store().unwrap().sweep(),
+        Some(manager) => manager.backend().sweep(),
     }
-    assert_eq!(count(), 1, "resolved for the bucket's creation only");
-
-    // Each plan is read off its own bucket, with its own capacity for the cost check.
-    for _ in 0..3 {
-        call(&svc, req(Some("p"), "/books/1")).await;
-    }
-    let r = call(&svc, req(Some("p"), "/search")).await;
-    assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(r.headers()["ratelimit"], r#""burst";r=147;t=0"#);
-    assert_eq!(count(), 2);
-
-    // A cost beyond the key's plan is answered from the plan, the bucket untouched.
-    clock.advance(Duration::from_secs(3));
-    let r = call(&svc, req(Some("f"), "/search")).await;
-    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(body_json(&r)["capacity"], 20);
-    let r = call(&svc, req(Some("p"), "/export")).await;
-    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(count(), 4);
-    let r = call(&svc, req(Some("f"), "/books/1")).await;
-    assert_eq!(
-        r.status(),
-        StatusCode::OK,
-        "the token refilled in 3 s is there"
-    );
-    assert_eq!(r.headers()["ratelimit"], r#""burst";r=0;t=3"#);
-
-    // An unknown key is resolved (and refused) each time; no bucket is made for it.
-    for _ in 0..2 {
-        let r = call(&svc, req(Some("u"), "/books/1")).await;
-        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
-    }
-    assert_eq!(count(), 6);
-    assert_eq!(layer.manager().backend().len(), 2);
-
-    // Once a bucket has expired (full again, past the TTL margin), the key is resolved
-    // again, and gets a fresh bucket of its plan.
-    clock.advance(Duration::from_secs(3_600));
-    let r = call(&svc, req(Some("f"), "/books/1")).await;
-    assert_eq!(r.headers()["ratelimit"], r#""burst";r=19;t=0"#);
-    assert_eq!(count(), 7);
-
-    // A resolver whose answers may change (a closure) is asked on every request.
-    let (_clock, manager) = manual();
-    let table = two_plans();
-    let changing = Counting {
-        inner: move |key: &str| table.resolve(key),
-        calls: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-    };
-    let calls = changing.calls.clone();
-    let svc = RateLimitLayer::builder()
-        .backend(manager)
-        .plans(changing)
-        .build()
-        .layer(hello());
-    for _ in 0..3 {
-        call(&svc, req(Some("f"), "/books/1")).await;
-    }
-    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
 
-/// With fixed plans, a key whose live bucket holds a configuration none of the plans has
-/// (made by another user of the store) is left to the resolving path, which answers from
-/// the stored bucket and switches it to the key's plan, as for a changed plan.
+/// With fixed plans (a plans file) and the in-process store, a key is resolved only when it
+/// has no bucket: its plan is read off the bucket's configuration, with the same answers as
+/// resolving it — which a remote store does on every request.
+#[tokio::test]
+async fn a_known_client_of_fixed_plans_is_resolved_once() {
+    for store in stores(10_000) {
+        let kind = store.kind;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let count = || calls.load(Ordering::SeqCst);
+        // The resolves expected so far: in process, remote.
+        let expect = |local: usize, remote: usize| match kind {
+            Kind::InProcess => local,
+            Kind::Remote => remote,
+        };
+        let layer = store
+            .builder()
+            .plans(Counting {
+                inner: two_plans(),
+                calls: calls.clone(),
+            })
+            .cost(|r| match r.uri().path() {
+                "/search" => 50,
+                "/export" => u64::MAX,
+                _ => 1,
+            })
+            .build()
+            .unwrap();
+        let svc = layer.clone().layer(hello());
+        for i in 1..=25u64 {
+            let r = call(&svc, req(Some("f"), "/books/1")).await;
+            if i <= 20 {
+                assert_eq!(r.status(), StatusCode::OK, "{kind:?} request {i}");
+                assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=20;w=60"#);
+                let t = if i == 20 { 3 } else { 0 };
+                assert_eq!(
+                    r.headers()["ratelimit"].to_str().unwrap(),
+                    format!(r#""burst";r={};t={t}"#, 20 - i),
+                    "{kind:?}"
+                );
+            } else {
+                assert_eq!(
+                    r.status(),
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "{kind:?} request {i}"
+                );
+                assert_eq!(r.headers()["retry-after"], "3");
+                assert_eq!(body_json(&r)["plan"], "free");
+            }
+        }
+        assert_eq!(
+            count(),
+            expect(1, 25),
+            "{kind:?}: resolved for the bucket's creation only"
+        );
+
+        // Each plan is read off its own bucket, with its own capacity for the cost check.
+        for _ in 0..3 {
+            call(&svc, req(Some("p"), "/books/1")).await;
+        }
+        let r = call(&svc, req(Some("p"), "/search")).await;
+        assert_eq!(r.status(), StatusCode::OK, "{kind:?}");
+        assert_eq!(r.headers()["ratelimit"], r#""burst";r=147;t=0"#, "{kind:?}");
+        assert_eq!(count(), expect(2, 29), "{kind:?}");
+
+        // A cost beyond the key's plan is answered from the plan, the bucket untouched.
+        store.clock.advance(Duration::from_secs(3));
+        let r = call(&svc, req(Some("f"), "/search")).await;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{kind:?}");
+        assert_eq!(body_json(&r)["capacity"], 20);
+        let r = call(&svc, req(Some("p"), "/export")).await;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{kind:?}");
+        assert_eq!(body_json(&r)["capacity"], 200);
+        assert_eq!(count(), expect(2, 31), "{kind:?}");
+        let r = call(&svc, req(Some("f"), "/books/1")).await;
+        assert_eq!(
+            r.status(),
+            StatusCode::OK,
+            "{kind:?}: the token refilled in 3 s is there"
+        );
+        assert_eq!(r.headers()["ratelimit"], r#""burst";r=0;t=3"#);
+
+        // An unknown key is resolved (and refused) each time; no bucket is made for it.
+        for _ in 0..2 {
+            let r = call(&svc, req(Some("u"), "/books/1")).await;
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{kind:?}");
+        }
+        assert_eq!(count(), expect(4, 34), "{kind:?}");
+        assert_eq!(store.keys(&layer), 2, "{kind:?}");
+
+        // Once a bucket is forgotten (full again, swept), the key is resolved again, and
+        // gets a fresh bucket of its plan.
+        store.clock.advance(Duration::from_secs(3_600));
+        assert_eq!(sweep(&store, &layer), 2, "{kind:?}");
+        assert_eq!(store.keys(&layer), 0, "{kind:?}");
+        let before = count();
+        let r = call(&svc, req(Some("f"), "/books/1")).await;
+        assert_eq!(r.headers()["ratelimit"], r#""burst";r=19;t=0"#, "{kind:?}");
+        assert_eq!(count(), before + 1, "{kind:?}");
+
+        // A resolver whose answers may change (a closure) is asked on every request.
+        let table = two_plans();
+        let changing = Counting {
+            inner: move |key: &str| table.resolve(key),
+            calls: Arc::new(AtomicUsize::new(0)),
+        };
+        let calls = changing.calls.clone();
+        let svc = Store::new(kind, 10_000)
+            .builder()
+            .plans(changing)
+            .build()
+            .unwrap()
+            .layer(hello());
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            assert_eq!(
+                call(&svc, req(Some("f"), "/books/1")).await.status(),
+                StatusCode::OK
+            );
+            seen.push(calls.load(Ordering::SeqCst));
+        }
+        // In process, a key's first request may ask twice (the layer, then the store
+        // creating the bucket); every request asks.
+        assert!((1..=2).contains(&seen[0]), "{kind:?}: {seen:?}");
+        assert_eq!(seen[1..], [seen[0] + 1, seen[0] + 2], "{kind:?}");
+    }
+}
+
+/// A key whose bucket holds a configuration none of the plans has (made by another user of
+/// the store) is switched to the key's plan, tokens as they are: in process first (the
+/// request decided under the plan), on a remote store after (the request decided under the
+/// bucket's configuration).
 #[tokio::test]
 async fn a_bucket_under_another_configuration_is_switched_to_the_plan() {
-    let (_clock, manager) = manual();
-    let other = BucketConfiguration::builder()
-        .add_limit(bw("burst", 2, Duration::from_secs(60)))
+    for store in stores(10_000) {
+        let kind = store.kind;
+        let other = BucketConfiguration::builder()
+            .add_limit(bw("burst", 2, Duration::from_secs(60)))
+            .build()
+            .unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let count = || calls.load(Ordering::SeqCst);
+        let layer = store
+            .builder()
+            .plans(Counting {
+                inner: two_plans(),
+                calls: calls.clone(),
+            })
+            .build()
+            .unwrap();
+        // The bucket of `f` under `other`, with one of its two tokens left.
+        match &store.manager {
+            None => {
+                let local = layer.local_store().unwrap();
+                local
+                    .replace_configuration("f", other.clone(), TokensInheritanceStrategy::Reset)
+                    .unwrap();
+                assert!(local.try_consume("f", 1).unwrap());
+            }
+            Some(manager) => {
+                let other = other.clone();
+                let b = manager.builder().build("f", move || other.clone()).unwrap();
+                assert!(b.try_consume(1).await.unwrap());
+            }
+        }
+        let base = count();
+        let svc = layer.clone().layer(hello());
+        let r = call(&svc, req(Some("f"), "/books/1")).await;
+        assert_eq!(r.status(), StatusCode::OK, "{kind:?}");
+        match kind {
+            Kind::InProcess => {
+                // Switched (one token carried over), then decided under free.
+                assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=20;w=60"#);
+                assert_eq!(r.headers()["ratelimit"], r#""burst";r=0;t=3"#);
+            }
+            Kind::Remote => {
+                // Decided by the stored bucket (its last token), reported under its own
+                // policy, then switched.
+                assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=2;w=60"#);
+                assert_eq!(r.headers()["ratelimit"], r#""burst";r=0;t=30"#);
+            }
+        }
+        let stored = match &store.manager {
+            None => layer
+                .local_store()
+                .unwrap()
+                .snapshot("f")
+                .unwrap()
+                .configuration()
+                .clone(),
+            Some(manager) => {
+                let any = other.clone();
+                let b = manager.builder().build("f", move || any.clone()).unwrap();
+                b.configuration().await.unwrap().unwrap()
+            }
+        };
+        assert_eq!(
+            stored,
+            *two_plans().plan("free").unwrap().configuration(),
+            "{kind:?}"
+        );
+        assert_eq!(count(), base + 1, "{kind:?}");
+        // From then on, the free plan's bucket (no tokens kept) decides; in process it is
+        // read without resolving.
+        let r = call(&svc, req(Some("f"), "/books/1")).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{kind:?}");
+        assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=20;w=60"#);
+        assert_eq!(r.headers()["retry-after"], "3", "{kind:?}");
+        let resolves = match kind {
+            Kind::InProcess => base + 1,
+            Kind::Remote => base + 2,
+        };
+        assert_eq!(count(), resolves, "{kind:?}");
+    }
+}
+
+/// The two in-process paths (fixed plans, resolved per request) answer alike when a key's
+/// bucket holds a configuration equal to its plan's, from another allocation (set through
+/// `local_store()`): it is the plan's configuration, nothing to switch. Switching it anyway
+/// is not harmless: an AS_IS replacement caps tokens at the capacity (and starts anonymous
+/// bandwidths afresh), so a bonus given with `force_add_tokens` is lost.
+#[tokio::test]
+async fn a_bucket_equal_to_its_plan_is_not_switched_with_fixed_plans() {
+    let mut remaining = Vec::new();
+    for fixed in [true, false] {
+        let clock = ManualClock::new(1_000_000_000);
+        let plan = free_plan();
+        let builder = RateLimitLayer::builder()
+            .clock(clock)
+            .remaining_header(true);
+        let builder = if fixed {
+            builder.plans(plan)
+        } else {
+            builder.plans(move |_: &str| Some(plan.clone()))
+        };
+        let layer = builder.build().unwrap();
+        let svc = layer.clone().layer(hello());
+        for _ in 0..5 {
+            assert_eq!(
+                call(&svc, req(Some("k"), "/")).await.status(),
+                StatusCode::OK
+            );
+        }
+        let store = layer.local_store().unwrap();
+        // The plan's configuration, built again (a reloaded plans file would be the same).
+        let copy = free_plan().configuration().clone();
+        store
+            .replace_configuration("k", copy, TokensInheritanceStrategy::AsIs)
+            .unwrap();
+        assert_eq!(store.available_tokens("k").unwrap(), 15);
+        store.force_add_tokens("k", 100).unwrap();
+        assert_eq!(store.available_tokens("k").unwrap(), 115);
+        let r = call(&svc, req(Some("k"), "/")).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        remaining.push(r.headers()["x-rate-limit-remaining"].clone());
+    }
+    assert_eq!(remaining, ["114", "114"], "fixed plans, resolved plans");
+}
+
+/// With fixed plans, two plans of equal limits are two plans: a key is answered under its
+/// own, whatever the store shares between equal configurations.
+#[tokio::test]
+async fn fixed_plans_of_equal_limits_keep_their_names() {
+    let table = PlanTable::from_toml(
+        r#"
+        [plans.free]
+        limits = ["2 per minute"]
+        [plans.trial]
+        limits = ["2 per minute"]
+        [keys]
+        f = "free"
+        t = "trial"
+        "#,
+    )
+    .unwrap();
+    let layer = RateLimitLayer::builder()
+        .clock(ManualClock::monotonic(1_000_000_000))
+        .plans(table)
         .build()
         .unwrap();
-    let b = manager.in_process_bucket("f", &other).unwrap().unwrap();
-    assert!(b.try_consume(1).unwrap().value);
-    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let layer = RateLimitLayer::builder()
-        .backend(manager.clone())
-        .plans(Counting {
-            inner: two_plans(),
-            calls: calls.clone(),
-        })
-        .build();
     let svc = layer.layer(hello());
-    let r = call(&svc, req(Some("f"), "/books/1")).await;
-    assert_eq!(r.status(), StatusCode::OK);
-    // Decided by the stored bucket (its last token), reported under its own policy.
-    assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=2;w=60"#);
-    assert_eq!(r.headers()["ratelimit"], r#""burst";r=0;t=30"#);
-    let stored = manager.configuration("f").await.unwrap().unwrap();
     assert_eq!(
-        stored.bandwidths()[0].capacity(),
-        20,
-        "switched to the free plan"
+        call(&svc, req(Some("f"), "/")).await.status(),
+        StatusCode::OK
     );
-    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
-    // From then on, the free plan's bucket (no tokens kept) is read without resolving.
-    let r = call(&svc, req(Some("f"), "/books/1")).await;
+    for _ in 0..2 {
+        assert_eq!(
+            call(&svc, req(Some("t"), "/")).await.status(),
+            StatusCode::OK
+        );
+    }
+    let r = call(&svc, req(Some("t"), "/")).await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=20;w=60"#);
-    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(body_json(&r)["plan"], "trial");
 }

@@ -1,0 +1,358 @@
+//! Request batching (see [`ManagerBuilder::batching`](super::ManagerBuilder::batching)).
+//!
+//! A key with an operation in flight through this manager has a `Lane` in `Inner::lanes`.
+//! The first operation on an idle key inserts the lane and runs alone, at once. Operations
+//! arriving meanwhile are queued in the lane as type-erased `Pending` items, each with a
+//! oneshot channel to its caller. When the lane's in-flight work completes (or its caller is
+//! cancelled), the queue is cut into a batch (closed channels, i.e. withdrawn callers,
+//! skipped) and a spawned task runs it as ONE `BatchTx`, then the next batch, until the queue
+//! is empty and the lane is removed, all under the map's shard lock so no item is stranded.
+
+use core::time::Duration;
+use std::sync::Arc;
+
+use bucket4rs_core::Clock;
+use dashmap::mapref::entry::Entry;
+use tokio::sync::oneshot;
+
+use super::{ProxyManager, RemoteBucket, with_timeout};
+use crate::backend::{Backend, Command, Transaction, Write};
+use crate::error::{BackendError, BackendErrorKind, DistributedError};
+use crate::format::Record;
+use crate::key::StorageKey;
+use crate::record::{self, Job, Outcome, Supplier};
+
+/// Per-key request batching (group commit) of a manager: at most `max` operations per batch
+/// (1: off). See [`ManagerBuilder::max_batch`](super::ManagerBuilder::max_batch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Batching {
+    max: usize,
+}
+
+impl Batching {
+    /// The default largest batch.
+    pub(crate) const DEFAULT_MAX_BATCH: usize = 64;
+
+    /// Batches of at most `max_batch_size` operations (0 and 1 disable batching).
+    pub(crate) const fn up_to(max_batch_size: usize) -> Self {
+        Self {
+            max: if max_batch_size == 0 {
+                1
+            } else {
+                max_batch_size
+            },
+        }
+    }
+
+    /// Whether operations are batched.
+    pub(crate) const fn is_enabled(&self) -> bool {
+        self.max > 1
+    }
+}
+
+impl Default for Batching {
+    /// On, at most [`DEFAULT_MAX_BATCH`](Self::DEFAULT_MAX_BATCH) operations per batch.
+    fn default() -> Self {
+        Self::up_to(Self::DEFAULT_MAX_BATCH)
+    }
+}
+
+/// The operations queued behind the one in flight on a key.
+#[derive(Default)]
+pub(super) struct Lane {
+    queue: Vec<Box<dyn Queued>>,
+}
+
+/// One queued operation with its caller's reply channel, its type erased.
+trait Queued: Send + Sync {
+    fn command(&self) -> Command;
+    /// The caller went away (dropped its future or timed out) before the batch was formed.
+    fn is_withdrawn(&self) -> bool;
+    /// Runs the operation on `record` at `now` exactly as a lone transaction would (the
+    /// supplier creates the record when `None`; on an error the record is left as it was)
+    /// and keeps the outcome. Whether the record must be written.
+    fn apply(&mut self, record: &mut Option<Record>, now: i64, wall: bool) -> bool;
+    /// Replaces the outcome with an error (the batch failed as a whole).
+    fn fail(&mut self, e: DistributedError);
+    /// Sends the outcome to the caller (if it is still there).
+    fn deliver(self: Box<Self>);
+}
+
+struct Pending<J: Job> {
+    job: J,
+    command: Command,
+    supplier: Supplier,
+    out: Option<Outcome<J::Output>>,
+    reply: oneshot::Sender<Outcome<J::Output>>,
+}
+
+impl<J: Job> Queued for Pending<J> {
+    fn command(&self) -> Command {
+        self.command
+    }
+
+    fn is_withdrawn(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    fn apply(&mut self, record: &mut Option<Record>, now: i64, wall: bool) -> bool {
+        let (changed, out) = record::step(&self.job, record, &self.supplier, now, wall);
+        self.out = Some(out);
+        changed
+    }
+
+    fn fail(&mut self, e: DistributedError) {
+        self.out = Some(Err(e));
+    }
+
+    fn deliver(self: Box<Self>) {
+        let out = self.out.unwrap_or_else(|| Err(not_run()));
+        // A caller that went away meanwhile simply does not read it.
+        let _ = self.reply.send(out);
+    }
+}
+
+/// Several queued operations of one key as one transaction: `apply` runs them in order on
+/// the record, at one instant, and writes the final state once.
+struct BatchTx<'a> {
+    items: &'a mut [Box<dyn Queued>],
+    commands: Vec<Command>,
+    clock: Option<&'a (dyn Clock + Send + Sync)>,
+    wall: bool,
+    margin: Duration,
+}
+
+impl Transaction for BatchTx<'_> {
+    fn command(&self) -> Command {
+        match self.commands.as_slice() {
+            [one] => *one,
+            many => Command::Batch(many.len()),
+        }
+    }
+
+    fn batch(&self) -> Option<&[Command]> {
+        (self.commands.len() > 1).then_some(self.commands.as_slice())
+    }
+
+    fn needs_backend_clock(&self) -> bool {
+        self.clock.is_none()
+    }
+
+    fn client_now(&self) -> Option<i64> {
+        self.clock.map(|c| c.now_nanos())
+    }
+
+    fn ttl_margin(&self) -> Duration {
+        self.margin
+    }
+
+    fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write {
+        let written = record::reading(backend_now, self.clock).and_then(|now| {
+            let (items, wall) = (&mut *self.items, self.wall);
+            record::apply_bytes(current, now, self.margin, |record| {
+                // Every operation in arrival order, at one instant, each as if alone.
+                let mut changed = false;
+                for item in items.iter_mut() {
+                    changed |= item.apply(record, now, wall);
+                }
+                changed
+            })
+        });
+        written.unwrap_or_else(|e| {
+            for item in self.items.iter_mut() {
+                item.fail(duplicate(&e));
+            }
+            Write::Keep
+        })
+    }
+}
+
+/// Held by the operation that runs alone on an idle key: when it completes or is dropped,
+/// hands the lane's queue to a batch task (or removes the lane when nothing queued).
+struct LaneGuard<'a, B: Backend> {
+    manager: &'a ProxyManager<B>,
+    key: &'a StorageKey,
+    handle: tokio::runtime::Handle,
+}
+
+impl<B: Backend> Drop for LaneGuard<'_, B> {
+    fn drop(&mut self) {
+        if let Some(batch) = self.manager.next_batch(self.key) {
+            let drain = Drain {
+                manager: self.manager.clone(),
+                key: self.key.clone(),
+                finished: false,
+            };
+            // On a runtime that is shutting down the task is dropped at once: `Drain`'s
+            // drop then releases the lane and the queued callers get an error.
+            self.handle.spawn(drain.run(batch));
+        }
+    }
+}
+
+/// The task running a lane's batches until its queue is empty.
+struct Drain<B: Backend> {
+    manager: ProxyManager<B>,
+    key: StorageKey,
+    finished: bool,
+}
+
+impl<B: Backend> Drain<B> {
+    async fn run(mut self, mut batch: Vec<Box<dyn Queued>>) {
+        loop {
+            self.manager.run_batch(&self.key, &mut batch).await;
+            match self.manager.next_batch(&self.key) {
+                Some(next) => batch = next,
+                None => break,
+            }
+        }
+        self.finished = true;
+    }
+}
+
+impl<B: Backend> Drop for Drain<B> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Dropped mid-way (runtime shut down): nobody will run the queue. Dropping it
+            // closes every queued caller's channel (they get an error and nothing of theirs
+            // was sent); the in-flight batch's callers likewise, with an unknown outcome, as
+            // for any call cancelled in flight.
+            self.manager.inner.lanes.remove(&self.key);
+        }
+    }
+}
+
+impl<B: Backend> ProxyManager<B> {
+    /// Cuts the next batch from a lane's queue, skipping withdrawn callers; removes the
+    /// lane (the key is idle again) when nothing is left. Under the shard lock, so an
+    /// operation queued concurrently is either in the batch or finds no lane and goes alone.
+    fn next_batch(&self, key: &StorageKey) -> Option<Vec<Box<dyn Queued>>> {
+        let max = self.inner.batching.max;
+        match self.inner.lanes.entry(key.clone()) {
+            Entry::Vacant(_) => None,
+            Entry::Occupied(mut o) => {
+                let queue = &mut o.get_mut().queue;
+                queue.retain(|q| !q.is_withdrawn());
+                if queue.is_empty() {
+                    o.remove();
+                    return None;
+                }
+                let rest = if queue.len() > max {
+                    queue.split_off(max)
+                } else {
+                    Vec::new()
+                };
+                Some(core::mem::replace(queue, rest))
+            }
+        }
+    }
+
+    /// Runs one batch as one backend transaction (with the manager's timeout and retries)
+    /// and delivers every outcome.
+    async fn run_batch(&self, key: &StorageKey, items: &mut Vec<Box<dyn Queued>>) {
+        let inner = &self.inner;
+        let commands = items.iter().map(|q| q.command()).collect();
+        let mut tx = BatchTx {
+            items: items.as_mut_slice(),
+            commands,
+            clock: inner.time.0.as_deref(),
+            wall: inner.wall,
+            margin: inner.ttl_margin,
+        };
+        if let Err(e) = self.transact(key, &mut tx).await {
+            // Every caller gets the error; the last one the original (with its source).
+            let n = items.len();
+            for item in items.iter_mut().take(n.saturating_sub(1)) {
+                item.fail(duplicate(&e));
+            }
+            if let Some(last) = items.last_mut() {
+                last.fail(e);
+            }
+        }
+        for item in items.drain(..) {
+            item.deliver();
+        }
+    }
+}
+
+/// A copy of `e` for another caller of the same batch (a backend error's source, which is
+/// not clonable, stays with the original).
+fn duplicate(e: &DistributedError) -> DistributedError {
+    match e {
+        DistributedError::Operation(o) => DistributedError::Operation(*o),
+        DistributedError::Config(c) => DistributedError::Config(c.clone()),
+        DistributedError::Key(k) => DistributedError::Key(k.clone()),
+        DistributedError::Format(f) => DistributedError::Format(f.clone()),
+        DistributedError::Timeout { after } => DistributedError::Timeout { after: *after },
+        DistributedError::Backend(b) => DistributedError::Backend(
+            BackendError::new(b.kind(), b.message()).retryable(b.is_retryable()),
+        ),
+        DistributedError::Blocking(s) => DistributedError::Blocking(s),
+    }
+}
+
+pub(super) fn not_run() -> DistributedError {
+    DistributedError::Backend(BackendError::new(
+        BackendErrorKind::Protocol,
+        "the backend completed without running the transaction",
+    ))
+}
+
+/// A queued call whose batch task was dropped (its runtime shut down) before it answered.
+fn abandoned() -> DistributedError {
+    DistributedError::Backend(BackendError::new(
+        BackendErrorKind::Other,
+        "the task running this call's batch was dropped (runtime shut down); \
+         the operation may or may not have been applied",
+    ))
+}
+
+/// The batching path: goes at once when the key has nothing in flight (and hands what
+/// queued meanwhile to a batch task when done), else queues behind it.
+pub(super) async fn run_batched<B: Backend, J>(
+    bucket: &RemoteBucket<B>,
+    job: J,
+    command: Command,
+    handle: tokio::runtime::Handle,
+) -> Outcome<J::Output>
+where
+    J: Job + 'static,
+    J::Output: 'static,
+{
+    let inner = &bucket.manager.inner;
+    let (job, reply) = match inner.lanes.entry(bucket.key.clone()) {
+        Entry::Vacant(v) => {
+            v.insert(Lane::default());
+            (Some(job), None)
+        }
+        Entry::Occupied(mut o) => {
+            let (tx, rx) = oneshot::channel();
+            o.get_mut().queue.push(Box::new(Pending {
+                job,
+                command,
+                supplier: Arc::clone(&bucket.supplier),
+                out: None,
+                reply: tx,
+            }));
+            (None, Some(rx))
+        }
+    };
+    if let Some(job) = job {
+        // Released on completion and on cancellation alike.
+        let _lane = LaneGuard {
+            manager: &bucket.manager,
+            key: &bucket.key,
+            handle,
+        };
+        return bucket.run_alone(job, command).await;
+    }
+    let Some(rx) = reply else {
+        return Err(not_run());
+    };
+    // Dropping `rx` (timeout or cancellation) before the batch is formed withdraws the
+    // operation: the batch task skips closed channels.
+    with_timeout(inner.timeout, async move {
+        rx.await.unwrap_or_else(|_| Err(abandoned()))
+    })
+    .await
+}

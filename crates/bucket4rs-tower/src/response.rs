@@ -1,0 +1,161 @@
+//! What a decision means for the request: the rate-limit headers of an allowed request, and
+//! the responses the layer makes itself (429, the cost beyond a plan, unknown keys, an
+//! unavailable store), RFC 9457 problem bodies that say what happened and nothing of the
+//! store's internals.
+
+use bytes::Bytes;
+use http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
+use http::{HeaderValue, Response, StatusCode};
+
+use crate::headers::{self, RATELIMIT, RATELIMIT_POLICY, X_RATE_LIMIT_REMAINING};
+use crate::plan::Plan;
+use crate::problem::{self, Problem};
+use crate::store::Decided;
+
+/// What the layer does with a request once its store answered.
+pub(crate) enum Verdict<R> {
+    /// Call the inner service, then add these headers (none for an unmetered request).
+    Allow(Option<RateHeaders>),
+    /// The layer's own answer.
+    Answer(R),
+}
+
+/// The headers of a metered request (allowed, or refused with a 429).
+#[derive(Debug)]
+pub(crate) struct RateHeaders {
+    policy: HeaderValue,
+    ratelimit: Option<HeaderValue>,
+    remaining: Option<u64>,
+}
+
+impl RateHeaders {
+    #[inline]
+    pub(crate) fn apply(self, h: &mut http::HeaderMap) {
+        h.insert(RATELIMIT_POLICY, self.policy);
+        if let Some(rl) = self.ratelimit {
+            h.insert(RATELIMIT, rl);
+        }
+        if let Some(remaining) = self.remaining {
+            h.insert(X_RATE_LIMIT_REMAINING, HeaderValue::from(remaining));
+        }
+    }
+}
+
+/// The verdict on a request that cost `cost` and was decided by `d`: allowed with its
+/// headers, or refused (429, with `Retry-After` rounded up to whole seconds).
+#[inline]
+pub(crate) fn verdict<ResBody: From<Bytes>>(
+    d: &Decided<'_>,
+    cost: u64,
+    remaining_header: bool,
+) -> Verdict<Response<ResBody>> {
+    let headers = RateHeaders {
+        policy: d.plan.policy_header().clone(),
+        ratelimit: headers::ratelimit_header(d.plan, &d.after, d.now, cost),
+        remaining: remaining_header.then_some(d.remaining),
+    };
+    if d.consumed {
+        Verdict::Allow(Some(headers))
+    } else {
+        Verdict::Answer(refusal(d, headers, cost))
+    }
+}
+
+/// The 429 of a refused request. Out of line, like every answer of the layer: the allowed
+/// path, which runs on every request, stays compact.
+#[inline(never)]
+fn refusal<ResBody: From<Bytes>>(
+    d: &Decided<'_>,
+    headers: RateHeaders,
+    cost: u64,
+) -> Response<ResBody> {
+    let retry = headers::ceil_secs(d.wait);
+    let mut resp = problem::too_many_requests(
+        retry,
+        Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("rate limit of plan {:?} exceeded", d.plan.name()),
+        )
+        .with("plan", d.plan.name())
+        .with("cost", cost)
+        .with("remaining", d.remaining),
+    );
+    headers.apply(resp.headers_mut());
+    resp
+}
+
+/// The answer to a request whose cost no bucket of its plan can ever hold: a configuration
+/// error of the service (500), not a 429 with an absurd `Retry-After`.
+#[cold]
+#[inline(never)]
+pub(crate) fn cost_exceeds_capacity<ResBody: From<Bytes>>(
+    plan: &Plan,
+    cost: u64,
+) -> Response<ResBody> {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!(
+            "cost exceeds capacity: this request costs {cost} tokens but plan {:?} holds at most {}",
+            plan.name(),
+            plan.min_capacity()
+        ),
+    )
+    .with("plan", plan.name())
+    .with("cost", cost)
+    .with("capacity", plan.min_capacity())
+    .into_response()
+}
+
+/// The answer when the store cannot decide and the failure policy says so (503). The body
+/// says what happened; the store's own error goes to the logs, not to the client.
+#[cold]
+#[inline(never)]
+pub(crate) fn unavailable<ResBody: From<Bytes>>() -> Response<ResBody> {
+    let mut r = Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the rate limiter cannot decide right now; try again shortly",
+    )
+    .into_response::<ResBody>();
+    r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(1u32));
+    r
+}
+
+/// The answer when the store cannot decide and the failure policy denies (429).
+#[cold]
+#[inline(never)]
+pub(crate) fn denied_on_failure<ResBody: From<Bytes>>() -> Response<ResBody> {
+    problem::too_many_requests(
+        1,
+        Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "the rate limiter cannot decide right now; denied by the failure policy",
+        ),
+    )
+}
+
+/// The answer when the store failed in a way no retry mends (500): a corrupt stored record,
+/// for instance. Details go to the logs.
+#[cold]
+#[inline(never)]
+pub(crate) fn internal_error<ResBody: From<Bytes>>() -> Response<ResBody> {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the rate limiter failed; the request was not served",
+    )
+    .into_response()
+}
+
+/// The answer to a request without a usable client key, or with a key no plan knows.
+#[cold]
+#[inline(never)]
+pub(crate) fn key_problem<ResBody: From<Bytes>>(
+    status: StatusCode,
+    detail: &str,
+) -> Response<ResBody> {
+    let mut r = Problem::new(status, detail).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        r.headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("ApiKey"));
+    }
+    r
+}
