@@ -350,19 +350,6 @@ pub fn note(message: &str) {
     }
 }
 
-/// Polls a future that is expected to complete at once (the embedded backend never waits)
-/// inside `rt`'s context with a no-op waker, as an `.await` in a running task would; falls
-/// back to `block_on` if it does wait.
-pub fn run_now<F: core::future::Future>(rt: &tokio::runtime::Runtime, fut: F) -> F::Output {
-    let _guard = rt.enter();
-    let mut fut = core::pin::pin!(fut);
-    let mut cx = core::task::Context::from_waker(core::task::Waker::noop());
-    match fut.as_mut().poll(&mut cx) {
-        core::task::Poll::Ready(out) => out,
-        core::task::Poll::Pending => rt.block_on(fut),
-    }
-}
-
 /// The configuration of the remote keyed benchmarks (Redis, PostgreSQL): never runs dry, and a
 /// consumed token takes days to come back, so a key never expires (and is recreated) in the
 /// middle of a run.
