@@ -1,25 +1,39 @@
-//! Keyed limiters: one bucket per key, the keys visited round-robin. governor's
-//! `DefaultKeyedRateLimiter` (dashmap) next to bucket4rs-distributed's embedded backend (also
-//! dashmap, through the async `ProxyManager`, polled in place as an `.await` would), and the
-//! Redis and PostgreSQL backends when built with `--features redis,postgres` and the server
-//! answers (`BUCKET4RS_REDIS_URL`, `BUCKET4RS_POSTGRES_URL`); otherwise the run notes why
-//! they were skipped instead of failing.
+//! Keyed limiters: one bucket per key, `String` keys on both sides. bucket4rs-local's
+//! `KeyedBucket` next to governor's `DefaultKeyedRateLimiter<String>` (both a dashmap of the
+//! key to a 64-bit GCRA word), at 1 and 10,000 keys and 1 and 2 threads, on the success and the
+//! denied paths; `KeyedBucket (SipHash)` is the same limiter on std's `RandomState`, governor's
+//! hasher, which separates the hasher from the rest. The keys are rendered once (`"k0"`,
+//! `"k1"`, …) and visited round-robin, each thread from its own offset; every run checks that
+//! every call was answered as expected (all allowed, all refused) and that no key was dropped.
+//!
+//! Then the Redis and PostgreSQL backends when built with `--features redis,postgres` and the
+//! server answers (`BUCKET4RS_REDIS_URL`, `BUCKET4RS_POSTGRES_URL`); otherwise the run notes
+//! why they were skipped instead of failing.
 
+use std::hash::RandomState;
+#[cfg(any(feature = "redis", feature = "postgres"))]
 use std::hint::black_box;
-use std::num::NonZeroU32;
 
-use bucket4rs_benches::{keyed_config, note, run_now};
-use bucket4rs_distributed::{EmbeddedBackend, ProxyManager, RemoteBucket};
+use bucket4rs_benches::{
+    governor_never_dry, governor_slow, keyed_label, keyed_never_dry, keyed_slow, keys, note,
+    run_threads_over,
+};
+use bucket4rs_local::{KeyedBucket, KeyedBucketBuilder};
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput, measurement::WallTime};
-use governor::{Quota, RateLimiter};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 const KEYS: [usize; 2] = [1, 10_000];
+const THREADS: [usize; 2] = [1, 2];
 
 pub(crate) fn bench(c: &mut Criterion) {
-    let mut g = c.benchmark_group("keyed/try_consume");
+    let all = keys(KEYS[KEYS.len() - 1]);
+    let mut g = c.benchmark_group("keyed/success");
     g.throughput(Throughput::Elements(1));
-    governor_keyed(&mut g);
-    embedded(&mut g);
+    matrix(&mut g, &all, &Path::Success);
+    g.finish();
+    let mut g = c.benchmark_group("keyed/rejection");
+    g.throughput(Throughput::Elements(1));
+    matrix(&mut g, &all, &Path::Rejection);
     g.finish();
     // Network round trips take 0.05–5 ms: 10 samples are plenty, and keep a full run short.
     let mut g = c.benchmark_group("keyed_remote/try_consume");
@@ -30,60 +44,120 @@ pub(crate) fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-fn governor_keyed(g: &mut BenchmarkGroup<'_, WallTime>) {
-    for n in KEYS {
-        let gov: governor::DefaultKeyedRateLimiter<u64> =
-            RateLimiter::dashmap(Quota::per_second(NonZeroU32::MAX));
-        for k in 0..n as u64 {
-            assert!(gov.check_key(&k).is_ok());
+/// Which outcome every measured call must have.
+enum Path {
+    /// A limit that never runs dry: every call allowed.
+    Success,
+    /// One token an hour, taken from every key before measuring: every call refused.
+    Rejection,
+}
+
+impl Path {
+    fn keyed<K>(&self) -> KeyedBucketBuilder<K> {
+        match self {
+            Self::Success => keyed_never_dry(),
+            Self::Rejection => keyed_slow(),
         }
-        g.bench_with_input(BenchmarkId::new("governor keyed", n), &n, |b, &n| {
-            let mut i = 0_u64;
-            b.iter(|| {
-                i = if i + 1 == n as u64 { 0 } else { i + 1 };
-                black_box(gov.check_key(&i).is_ok())
-            });
-        });
+    }
+
+    fn quota(&self) -> Quota {
+        match self {
+            Self::Success => governor_never_dry(),
+            Self::Rejection => governor_slow(),
+        }
+    }
+
+    fn allowed(&self) -> bool {
+        matches!(self, Self::Success)
     }
 }
 
-fn buckets<B: bucket4rs_distributed::Backend>(
-    manager: &ProxyManager<B>,
-    n: usize,
-) -> Vec<RemoteBucket<B>> {
-    (0..n)
-        .map(|k| {
-            manager
-                .builder()
-                .build(format!("k{k}"), keyed_config)
-                .expect("bucket")
-        })
-        .collect()
-}
-
-fn current_thread() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
-fn embedded(g: &mut BenchmarkGroup<'_, WallTime>) {
-    let rt = current_thread();
+/// Every contender at every key and thread count, side by side: for each parameter, a fresh
+/// limiter per contender whose keys were each used once (stored, and for the denied path
+/// drained), then measured.
+fn matrix(g: &mut BenchmarkGroup<'_, WallTime>, all: &[String], path: &Path) {
+    let allowed = path.allowed();
     for n in KEYS {
-        let manager = ProxyManager::new(EmbeddedBackend::new());
-        let all = buckets(&manager, n);
-        for b in &all {
-            assert!(run_now(&rt, b.try_consume(1)).expect("embedded op"));
-        }
-        g.bench_with_input(BenchmarkId::new("embedded", n), &n, |bn, &n| {
-            let mut i = 0;
-            bn.iter(|| {
-                i = if i + 1 == n { 0 } else { i + 1 };
-                black_box(run_now(&rt, all[i].try_consume(1)).is_ok())
+        let keys = &all[..n];
+        for threads in THREADS {
+            let id = |name| BenchmarkId::new(name, keyed_label(n, threads));
+
+            let ours: KeyedBucket<String> = path.keyed().build().expect("config");
+            prepare(keys, path, |k| ours.try_consume(k, 1).expect("op"));
+            g.bench_function(id("KeyedBucket"), |b| {
+                b.iter_custom(|iters| {
+                    measure(
+                        threads,
+                        iters,
+                        keys,
+                        allowed,
+                        |k| matches!(ours.try_consume(k, 1), Ok(a) if a == allowed),
+                    )
+                });
             });
-        });
+            assert_eq!(ours.len(), n, "KeyedBucket dropped a key mid-run");
+
+            let sip: KeyedBucket<String, _, _, RandomState> = path
+                .keyed()
+                .with_hasher(RandomState::new())
+                .build()
+                .expect("config");
+            prepare(keys, path, |k| sip.try_consume(k, 1).expect("op"));
+            g.bench_function(id("KeyedBucket (SipHash)"), |b| {
+                b.iter_custom(|iters| {
+                    measure(
+                        threads,
+                        iters,
+                        keys,
+                        allowed,
+                        |k| matches!(sip.try_consume(k, 1), Ok(a) if a == allowed),
+                    )
+                });
+            });
+            assert_eq!(sip.len(), n, "KeyedBucket (SipHash) dropped a key mid-run");
+
+            let gov: DefaultKeyedRateLimiter<String> = RateLimiter::dashmap(path.quota());
+            prepare(keys, path, |k| gov.check_key(k).is_ok());
+            g.bench_function(id("governor keyed"), |b| {
+                b.iter_custom(|iters| {
+                    measure(threads, iters, keys, allowed, |k| {
+                        gov.check_key(k).is_ok() == allowed
+                    })
+                });
+            });
+            assert_eq!(gov.len(), n, "governor keyed dropped a key mid-run");
+        }
     }
+}
+
+/// Uses every key once, which must be allowed (the key is stored); on the denied path a
+/// second call must then be refused.
+fn prepare(keys: &[String], path: &Path, take: impl Fn(&String) -> bool) {
+    for k in keys {
+        assert!(take(k), "the first call on {k} was refused");
+        if !path.allowed() {
+            assert!(!take(k), "{k} was not drained by one call");
+        }
+    }
+}
+
+/// `iters` calls over `threads` threads walking `keys`; panics unless every call answered as
+/// expected (`expected(key)` says whether it did).
+fn measure(
+    threads: usize,
+    iters: u64,
+    keys: &[String],
+    allowed: bool,
+    expected: impl Fn(&String) -> bool + Sync,
+) -> std::time::Duration {
+    let (time, wrong) = run_threads_over(threads, iters, keys.len(), |i| expected(&keys[i]));
+    assert_eq!(
+        wrong,
+        0,
+        "{wrong} of {iters} calls were not {}",
+        if allowed { "allowed" } else { "refused" }
+    );
+    time
 }
 
 #[cfg(not(feature = "redis"))]
@@ -143,6 +217,29 @@ fn postgres(g: &mut BenchmarkGroup<'_, WallTime>) {
     remote(g, "postgres", &rt, backend, &[1, 1_000]);
 }
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
+fn buckets<B: bucket4rs_distributed::Backend>(
+    manager: &bucket4rs_distributed::ProxyManager<B>,
+    n: usize,
+) -> Vec<bucket4rs_distributed::RemoteBucket<B>> {
+    (0..n)
+        .map(|k| {
+            manager
+                .builder()
+                .build(format!("k{k}"), bucket4rs_benches::keyed_config)
+                .expect("bucket")
+        })
+        .collect()
+}
+
+#[cfg(any(feature = "redis", feature = "postgres"))]
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
 /// One call at a time through `block_on` on a current-thread runtime: one round trip each.
 /// The keys are removed afterwards.
 #[cfg(any(feature = "redis", feature = "postgres"))]
@@ -154,7 +251,10 @@ fn remote<B: bucket4rs_distributed::Backend>(
     keys: &[usize],
 ) {
     let prefix = format!("bucket4rs-bench-{}", std::process::id());
-    let manager = match ProxyManager::configure(backend).key_prefix(prefix).build() {
+    let manager = match bucket4rs_distributed::ProxyManager::configure(backend)
+        .key_prefix(prefix)
+        .build()
+    {
         Ok(m) => m,
         Err(e) => return note(&format!("keyed: {name} backend skipped: manager: {e}")),
     };

@@ -5,8 +5,9 @@
 //!   the same contenders again on one shared clock source; the atomic floors.
 //! - `contention`: 1, 2, 4 and 8 threads on one bucket (aggregate time per operation).
 //! - `clock`: the clock reads the limiters are built on.
-//! - `keyed`: governor's keyed limiter and bucket4rs-distributed's embedded backend at 1 and
-//!   10,000 keys; the Redis backend when built with `--features redis` and reachable.
+//! - `keyed`: bucket4rs-local's `KeyedBucket` (foldhash, and on SipHash) next to governor's
+//!   keyed limiter, `String` keys, 1 and 10,000 keys, 1 and 2 threads, success and denied;
+//!   the Redis and PostgreSQL backends when built with their features and reachable.
 //! - `memory`: building a bucket of 1, 2, 4 and 8 bandwidths (the byte counts come from the
 //!   `bucket4rs-memory` binary, which needs a counting global allocator).
 //!

@@ -1,16 +1,18 @@
 //! Shared pieces of the bucket4rs benchmarks (`benches/main.rs`) and of the memory report
 //! (`src/bin/bucket4rs-memory.rs`): same-source clocks, the textbook `Mutex<f64>` bucket,
-//! the bucket configurations, the barrier-released thread runner and a counting allocator.
+//! the bucket configurations (local and keyed), the barrier-released thread runners and a
+//! counting allocator.
 //!
 //! Run everything with `cargo xtask bench [--quick]`; see `README.md` beside `Cargo.toml`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use bucket4rs_core::Clock;
-use bucket4rs_local::{Bucket, BucketBuilder};
+use bucket4rs_local::{Bucket, BucketBuilder, KeyedBucket, KeyedBucketBuilder};
 
 /// Capacity of the "never runs dry" configuration: a full bucket of it outlasts any run.
 pub const HUGE: u64 = 1_000_000_000_000;
@@ -177,20 +179,56 @@ textbook_ctor!(TextbookParkingLot, parking_lot::Mutex::new);
 /// together; returns the wall time from the first thread's start to the last thread's end,
 /// so `wall / iters` is the aggregate time per operation.
 pub fn run_threads<F: Fn() + Sync>(threads: usize, iters: u64, op: F) -> Duration {
+    spans(threads, iters, |_, mine| {
+        for _ in 0..mine {
+            op();
+        }
+        0
+    })
+    .0
+}
+
+/// [`run_threads`] over `len` items visited round-robin: each thread keeps its own running
+/// index, starting at its own offset (thread `t` of `n` at `t * len / n`), so the threads walk
+/// the items independently, with no shared counter between them. `op(i)` answers whether item
+/// `i` gave the expected outcome; returns the wall time and how many answers were not.
+///
+/// # Panics
+/// If `len` is zero.
+pub fn run_threads_over<F: Fn(usize) -> bool + Sync>(
+    threads: usize,
+    iters: u64,
+    len: usize,
+    op: F,
+) -> (Duration, u64) {
+    assert!(len > 0, "nothing to visit");
+    spans(threads, iters, |t, mine| {
+        let mut i = t * len / threads;
+        let mut wrong = 0;
+        for _ in 0..mine {
+            wrong += u64::from(!op(i));
+            i = if i + 1 == len { 0 } else { i + 1 };
+        }
+        wrong
+    })
+}
+
+/// Runs `body(thread, operations)` on `threads` threads released together by a barrier, the
+/// operations split as evenly as `iters` allows; returns the wall time from the first start
+/// to the last end, and the sum of what the bodies returned.
+fn spans<F: Fn(usize, u64) -> u64 + Sync>(threads: usize, iters: u64, body: F) -> (Duration, u64) {
     let barrier = Barrier::new(threads);
     let n = threads as u64;
-    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
+    let spans: Vec<(Instant, Instant, u64)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let (barrier, op) = (&barrier, &op);
-                let mine = iters / n + u64::from(t < iters % n);
+                let (barrier, body) = (&barrier, &body);
+                let mine = iters / n + u64::from((t as u64) < iters % n);
                 s.spawn(move || {
                     barrier.wait();
                     let start = Instant::now();
-                    for _ in 0..mine {
-                        op();
-                    }
-                    (start, Instant::now())
+                    let out = body(t, mine);
+                    (start, Instant::now(), out)
                 })
             })
             .collect();
@@ -209,7 +247,7 @@ pub fn run_threads<F: Fn() + Sync>(threads: usize, iters: u64, op: F) -> Duratio
         .map(|s| s.1)
         .max()
         .expect("at least one thread");
-    end - start
+    (end - start, spans.iter().map(|s| s.2).sum())
 }
 
 /// The cores this process may run on.
@@ -312,21 +350,9 @@ pub fn note(message: &str) {
     }
 }
 
-/// Polls a future that is expected to complete at once (the embedded backend never waits)
-/// inside `rt`'s context with a no-op waker, as an `.await` in a running task would; falls
-/// back to `block_on` if it does wait.
-pub fn run_now<F: core::future::Future>(rt: &tokio::runtime::Runtime, fut: F) -> F::Output {
-    let _guard = rt.enter();
-    let mut fut = core::pin::pin!(fut);
-    let mut cx = core::task::Context::from_waker(core::task::Waker::noop());
-    match fut.as_mut().poll(&mut cx) {
-        core::task::Poll::Ready(out) => out,
-        core::task::Poll::Pending => rt.block_on(fut),
-    }
-}
-
-/// The configuration of the keyed benchmarks: never runs dry, and a consumed token takes
-/// days to come back, so a key never expires (and is recreated) in the middle of a run.
+/// The configuration of the remote keyed benchmarks (Redis, PostgreSQL): never runs dry, and a
+/// consumed token takes days to come back, so a key never expires (and is recreated) in the
+/// middle of a run.
 #[must_use]
 pub fn keyed_config() -> bucket4rs_core::BucketConfiguration {
     let limit = bucket4rs_core::Bandwidth::builder()
@@ -338,4 +364,52 @@ pub fn keyed_config() -> bucket4rs_core::BucketConfiguration {
         .add_limit(limit)
         .build()
         .expect("configuration")
+}
+
+/// Capacity of the keyed "never runs dry" limits, on both sides: governor's largest burst.
+pub const KEYED_CAPACITY: u64 = u32::MAX as u64;
+
+/// The keys of the keyed benchmarks and of the memory figures: `"k0"`, `"k1"`, …
+#[must_use]
+pub fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("k{i}")).collect()
+}
+
+/// A keyed bucket whose keys never run dry during a benchmark and never become forgettable:
+/// [`KEYED_CAPACITY`] tokens refilling one a second, far below what any thread takes, so a key
+/// once used stays short of full (a full key is one a sweep may forget). One greedy bandwidth
+/// on the default monotonic clock: every key runs on the compact word.
+pub fn keyed_never_dry<K>() -> KeyedBucketBuilder<K> {
+    KeyedBucket::builder().add_limit(|l| {
+        l.capacity(KEYED_CAPACITY)
+            .refill_greedy(1, Duration::from_secs(1))
+    })
+}
+
+/// governor's quota of the same limit as [`keyed_never_dry`]: a burst of [`KEYED_CAPACITY`]
+/// cells, one a second.
+#[must_use]
+pub fn governor_never_dry() -> governor::Quota {
+    governor::Quota::per_second(NonZeroU32::MIN).allow_burst(NonZeroU32::MAX)
+}
+
+/// A keyed bucket for the denied path and the memory figures: one token an hour, which the
+/// caller takes first (so the key is neither full nor forgettable for an hour).
+pub fn keyed_slow<K>() -> KeyedBucketBuilder<K> {
+    KeyedBucket::builder().add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(3600)))
+}
+
+/// governor's quota of the same limit as [`keyed_slow`]: one cell an hour.
+#[must_use]
+pub fn governor_slow() -> governor::Quota {
+    governor::Quota::per_hour(NonZeroU32::MIN)
+}
+
+/// A criterion parameter for a keyed benchmark: `"10000 keys, 2 threads"`, the thread count
+/// labelled as by [`threads_label`].
+#[must_use]
+pub fn keyed_label(keys: usize, threads: usize) -> String {
+    let k = if keys == 1 { "key" } else { "keys" };
+    let t = if threads == 1 { "thread" } else { "threads" };
+    format!("{keys} {k}, {} {t}", threads_label(threads))
 }

@@ -1,5 +1,7 @@
 //! An interleaved, single-thread comparison for noisy machines: the success and rejection paths
-//! of each local strategy and of governor, measured in short alternating bursts.
+//! of each local strategy and of governor, and of the keyed limiters (`KeyedBucket` on foldhash
+//! and on SipHash, governor's keyed limiter; `String` keys, 1 and 10,000 of them), measured in
+//! short alternating bursts.
 //!
 //! Criterion measures one function for seconds, then the next; when other work shares the
 //! cores, the load differs between the two windows and the ratio drifts. Here every round
@@ -12,13 +14,18 @@
 //! With `only`, just the cases whose name contains it run (for profiling one of them, e.g.
 //! under `valgrind --tool=callgrind`); the ratio column then needs governor among them.
 
+use std::cell::Cell;
+use std::hash::RandomState;
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::Instant;
 
-use bucket4rs_benches::{QuantaClock, never_dry, slow};
-use bucket4rs_local::{BucketBuilder, Clock as _, FastClock};
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use bucket4rs_benches::{
+    QuantaClock, governor_never_dry, governor_slow, keyed_never_dry, keyed_slow, keys, never_dry,
+    slow,
+};
+use bucket4rs_local::{BucketBuilder, Clock as _, FastClock, KeyedBucket, KeyedBucketBuilder};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 /// Operations per burst: long enough to dwarf the timer, short enough to fit a time slice.
 const BURST: u32 = 20_000;
@@ -138,6 +145,29 @@ fn main() {
     let gov = RateLimiter::direct(Quota::per_hour(NonZeroU32::MIN));
     compare("rejection path", [lf, sy, un], gov, rounds, &only);
 
+    let all = keys(10_000);
+    for n in [1, 10_000] {
+        let keys = &all[..n];
+        keyed(
+            &format!("keyed success path, {n} keys (try_consume(&key, 1) / check_key(&key))"),
+            keys,
+            [keyed_never_dry(), keyed_never_dry()],
+            governor_never_dry(),
+            true,
+            rounds,
+            &only,
+        );
+        keyed(
+            &format!("keyed rejection path, {n} keys"),
+            keys,
+            [keyed_slow(), keyed_slow()],
+            governor_slow(),
+            false,
+            rounds,
+            &only,
+        );
+    }
+
     // Two threads on one limiter, interleaved the same way: aggregate ns per operation.
     if "contention".contains(only.as_str()) {
         let lf = never_dry().build().expect("config");
@@ -198,4 +228,57 @@ fn compare(
     ];
     measure(&mut cases, rounds, only);
     report(title, &mut cases, "governor");
+}
+
+/// The keyed limiters on `keys` (each used once first: stored, and drained where `allowed` is
+/// false), visited round-robin, each case with its own running index; every answer must be
+/// `allowed`.
+fn keyed(
+    title: &str,
+    keys: &[String],
+    [fold, sip]: [KeyedBucketBuilder<String>; 2],
+    quota: Quota,
+    allowed: bool,
+    rounds: usize,
+    only: &str,
+) {
+    let fold: KeyedBucket<String> = fold.build().expect("config");
+    let sip: KeyedBucket<String, _, _, RandomState> =
+        sip.with_hasher(RandomState::new()).build().expect("config");
+    let gov: DefaultKeyedRateLimiter<String> = RateLimiter::dashmap(quota);
+    for k in keys {
+        let _ = (
+            fold.try_consume(k, 1),
+            sip.try_consume(k, 1),
+            gov.check_key(k),
+        );
+    }
+    let next = |i: &Cell<usize>| {
+        let k = i.get();
+        i.set(if k + 1 == keys.len() { 0 } else { k + 1 });
+        &keys[k]
+    };
+    let (a, b, c) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    let check = |ok: bool| {
+        assert!(ok, "an answer other than {allowed}");
+        ok
+    };
+    let mut cases = [
+        case("keyed/foldhash", || {
+            check(matches!(fold.try_consume(next(&a), 1), Ok(x) if x == allowed))
+        }),
+        case("keyed/siphash", || {
+            check(matches!(sip.try_consume(next(&b), 1), Ok(x) if x == allowed))
+        }),
+        case("governor keyed", || {
+            check(gov.check_key(next(&c)).is_ok() == allowed)
+        }),
+    ];
+    measure(&mut cases, rounds, only);
+    report(title, &mut cases, "governor keyed");
+    assert_eq!(
+        (fold.len(), sip.len(), gov.len()),
+        (keys.len(), keys.len(), keys.len()),
+        "a key was dropped"
+    );
 }

@@ -1,6 +1,7 @@
 //! Memory figures for `cargo xtask bench`: bytes per local bucket (`size_of` plus heap) for
 //! each strategy and 1, 2, 4 and 8 bandwidths, heap allocations per operation, and heap bytes
-//! per key of the keyed limiters at 1,000,000 keys. Prints one JSON document on stdout.
+//! per key of the keyed limiters (`KeyedBucket` and governor's, `String` and `u64` keys) at
+//! 1,000,000 keys. Prints one JSON document on stdout.
 //!
 //! Heap bytes are what the program asked the allocator for (a counting global allocator);
 //! the allocator's own per-block overhead is not included.
@@ -9,9 +10,9 @@ use std::hint::black_box;
 use std::mem::size_of;
 use std::num::NonZeroU32;
 
-use bucket4rs_benches::{CountingAllocator, keyed_config, never_dry_n, run_now, slow};
-use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
-use bucket4rs_local::{LockFreeBucket, SynchronizedBucket, UnsyncBucket};
+use bucket4rs_benches::{CountingAllocator, governor_slow, keyed_slow, never_dry_n, slow};
+use bucket4rs_local::{KeyedBucket, LockFreeBucket, SynchronizedBucket, UnsyncBucket};
+use governor::RateLimiter;
 use serde_json::{Value, json};
 
 #[global_allocator]
@@ -123,36 +124,97 @@ fn peers() -> Vec<Value> {
     ]
 }
 
+/// Heap bytes per key once `KEYS` keys are held: `insert(key)` is called with each key
+/// `"k<n>"` or `n` (made, then dropped, by the caller: what stays is the limiter's own copy),
+/// and `len()` must then count every key.
 #[allow(clippy::cast_precision_loss)]
-fn keyed() -> Vec<Value> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let manager = ProxyManager::new(EmbeddedBackend::new());
+fn per_key<T, K>(
+    limiter: &T,
+    key: impl Fn(usize) -> K,
+    insert: impl Fn(&T, &K),
+    len: impl Fn(&T) -> usize,
+) -> f64 {
     let before = ALLOC.live();
-    for k in 0..KEYS {
-        let bucket = manager
-            .builder()
-            .build(format!("k{k}"), keyed_config)
-            .expect("bucket");
-        assert!(run_now(&rt, bucket.try_consume(1)).expect("embedded op"));
+    for n in 0..KEYS {
+        let k = key(n);
+        insert(limiter, &k);
     }
-    let embedded = (ALLOC.live() - before) as f64;
-    assert_eq!(manager.backend().len(), KEYS);
-    drop(manager);
+    let bytes = (ALLOC.live() - before) as f64;
+    assert_eq!(len(limiter), KEYS, "a key was dropped or never stored");
+    bytes / KEYS as f64
+}
 
-    let gov: governor::DefaultKeyedRateLimiter<u64> =
-        governor::RateLimiter::dashmap(governor::Quota::per_second(NonZeroU32::MAX));
-    let before = ALLOC.live();
-    for k in 0..KEYS as u64 {
-        assert!(gov.check_key(&k).is_ok());
-    }
-    let governor = (ALLOC.live() - before) as f64;
-    let keys = KEYS as f64;
+/// Heap bytes per key of `KeyedBucket` and of governor's `DefaultKeyedRateLimiter` at
+/// `KEYS` keys, with `String` keys (`"k<n>"`; each side owns its copy, whose heap is counted)
+/// and with `u64` keys. Each key's first call takes its one token of the hour: the bucket is
+/// not full, so no sweep may forget it during the run, and governor keeps every key anyway.
+/// The empty maps (built before counting) are left out.
+fn keyed() -> Vec<Value> {
+    let string_key = |n: usize| format!("k{n}");
+    let u64_key = |n: usize| n as u64;
+
+    let ours: KeyedBucket<String> = keyed_slow().build().expect("config");
+    let ours_string = per_key(
+        &ours,
+        string_key,
+        |l, k| assert!(l.try_consume(k, 1).expect("op")),
+        KeyedBucket::len,
+    );
+    drop(ours);
+    let gov: governor::DefaultKeyedRateLimiter<String> = RateLimiter::dashmap(governor_slow());
+    let gov_string = per_key(
+        &gov,
+        string_key,
+        |l, k| assert!(l.check_key(k).is_ok()),
+        RateLimiter::len,
+    );
+    drop(gov);
+    let ours: KeyedBucket<u64> = keyed_slow().build().expect("config");
+    let ours_u64 = per_key(
+        &ours,
+        u64_key,
+        |l, k| assert!(l.try_consume(k, 1).expect("op")),
+        KeyedBucket::len,
+    );
+    drop(ours);
+    let gov: governor::DefaultKeyedRateLimiter<u64> = RateLimiter::dashmap(governor_slow());
+    let gov_u64 = per_key(
+        &gov,
+        u64_key,
+        |l, k| assert!(l.check_key(k).is_ok()),
+        RateLimiter::len,
+    );
+    drop(gov);
+
+    let row = |name: &str, contender: &str, key: &str, bytes: f64| {
+        json!({"name": name, "contender": contender, "keys": KEYS, "key": key,
+            "heap_bytes_per_key": bytes})
+    };
     vec![
-        json!({"name": "embedded (bucket4rs-distributed)", "keys": KEYS, "key": "\"k<n>\" (prefixed `bucket4rs:`)", "heap_bytes_per_key": embedded / keys}),
-        json!({"name": "governor keyed (dashmap)", "keys": KEYS, "key": "u64", "heap_bytes_per_key": governor / keys}),
+        row(
+            "KeyedBucket<String> (foldhash)",
+            "KeyedBucket",
+            "String",
+            ours_string,
+        ),
+        row(
+            "governor DefaultKeyedRateLimiter<String> (SipHash)",
+            "governor keyed",
+            "String",
+            gov_string,
+        ),
+        row(
+            "KeyedBucket<u64> (foldhash)",
+            "KeyedBucket",
+            "u64",
+            ours_u64,
+        ),
+        row(
+            "governor DefaultKeyedRateLimiter<u64> (SipHash)",
+            "governor keyed",
+            "u64",
+            gov_u64,
+        ),
     ]
 }
 

@@ -21,7 +21,7 @@ pub(crate) struct Data {
 
 /// A headline comparison, measured side by side in the same run.
 struct Headline {
-    what: &'static str,
+    what: String,
     ratio: f64,
     detail: String,
     target: &'static str,
@@ -50,30 +50,41 @@ fn baseline<'a>(rows: &'a [Row], row: &Row) -> Option<&'a Row> {
         .filter(|b| b.function != row.function)
 }
 
-fn headlines(rows: &[Row]) -> Vec<Headline> {
+/// The keyed groups compared with governor's keyed limiter, and the path each measures.
+const KEYED_GROUPS: [(&str, &str); 2] = [
+    ("keyed/success", "success path"),
+    ("keyed/rejection", "denied path"),
+];
+
+fn headlines(rows: &[Row], memory: &Value) -> Vec<Headline> {
     let mut out = Vec::new();
     // Time ratios: ours / theirs (below 1 is faster).
-    let mut time =
-        |what, group: &str, ours: &str, theirs: &str, param, target, want_below: Option<f64>| {
-            if let (Some(a), Some(b)) = (
-                find(rows, group, ours, param),
-                find(rows, group, theirs, param),
-            ) {
-                let ratio = a.median_ns / b.median_ns;
-                out.push(Headline {
-                    what,
-                    ratio,
-                    detail: format!(
-                        "{ours} {:.1} ns / {theirs} {:.1} ns (`{group}`{})",
-                        a.median_ns,
-                        b.median_ns,
-                        param.map(|p| format!(", {p} threads")).unwrap_or_default()
-                    ),
+    let mut time = |what: &str,
+                    group: &str,
+                    ours: &str,
+                    theirs: &str,
+                    param,
                     target,
-                    met: want_below.map(|t| ratio <= t),
-                });
-            }
-        };
+                    want_below: Option<f64>| {
+        if let (Some(a), Some(b)) = (
+            find(rows, group, ours, param),
+            find(rows, group, theirs, param),
+        ) {
+            let ratio = a.median_ns / b.median_ns;
+            out.push(Headline {
+                what: what.to_owned(),
+                ratio,
+                detail: format!(
+                    "{ours} {:.1} ns / {theirs} {:.1} ns (`{group}`{})",
+                    a.median_ns,
+                    b.median_ns,
+                    param.map(|p| format!(", {p} threads")).unwrap_or_default()
+                ),
+                target,
+                met: want_below.map(|t| ratio <= t),
+            });
+        }
+    };
     time(
         "Lock-free success path vs governor `check()`, 1 thread (time ratio)",
         "single_thread/success",
@@ -141,7 +152,8 @@ fn headlines(rows: &[Row]) -> Vec<Headline> {
                     "Lock-free 2-thread throughput vs governor (throughput ratio)"
                 } else {
                     "Synchronized 2-thread throughput vs governor (throughput ratio)"
-                },
+                }
+                .to_owned(),
                 ratio,
                 detail: format!(
                     "{ours} {:.1} Mops/s / governor {:.1} Mops/s (`{group}`, 2 threads); goal: \
@@ -154,7 +166,72 @@ fn headlines(rows: &[Row]) -> Vec<Headline> {
             });
         }
     }
+    keyed_headlines(rows, memory, &mut out);
     out
+}
+
+/// `KeyedBucket` against governor's keyed limiter: the time ratio at every key and thread
+/// count both ran, then heap bytes per key (`String` keys: the target; `u64`: information).
+fn keyed_headlines(rows: &[Row], memory: &Value, out: &mut Vec<Headline>) {
+    for (group, path) in KEYED_GROUPS {
+        for ours in rows
+            .iter()
+            .filter(|r| r.group == group && r.function == "KeyedBucket")
+        {
+            let Some(theirs) = rows.iter().find(|r| {
+                r.group == group && r.function == "governor keyed" && r.param == ours.param
+            }) else {
+                continue;
+            };
+            let param = ours.param.as_deref().unwrap_or("");
+            let ratio = ours.median_ns / theirs.median_ns;
+            out.push(Headline {
+                what: format!("KeyedBucket vs governor keyed, {path}, {param} (time ratio)"),
+                ratio,
+                detail: format!(
+                    "KeyedBucket {:.1} ns / governor keyed {:.1} ns (`{group}`, {param})",
+                    ours.median_ns, theirs.median_ns
+                ),
+                target: "≤ 1.00",
+                met: Some(ratio <= 1.0),
+            });
+        }
+    }
+    for (key, target, want_below) in [
+        ("String", "≤ 1.50", Some(1.5)),
+        ("u64", "information", None),
+    ] {
+        let (Some(ours), Some(theirs)) = (
+            keyed_memory(memory, "KeyedBucket", key),
+            keyed_memory(memory, "governor keyed", key),
+        ) else {
+            continue;
+        };
+        let (a, b) = (ours.1, theirs.1);
+        let ratio = a / b;
+        out.push(Headline {
+            what: format!(
+                "KeyedBucket vs governor keyed, heap bytes per key, {key} keys at 1,000,000 keys \
+                 (ratio)"
+            ),
+            ratio,
+            detail: format!("{} {a:.1} B / {} {b:.1} B per key", ours.0, theirs.0),
+            target,
+            met: want_below.map(|t| ratio <= t),
+        });
+    }
+}
+
+/// The name and heap bytes per key of `contender`'s keyed memory row with `key` keys.
+fn keyed_memory<'a>(memory: &'a Value, contender: &str, key: &str) -> Option<(&'a str, f64)> {
+    let row = memory["keyed"]
+        .as_array()?
+        .iter()
+        .find(|k| k["contender"].as_str() == Some(contender) && k["key"].as_str() == Some(key))?;
+    Some((
+        row["name"].as_str().unwrap_or("?"),
+        row["heap_bytes_per_key"].as_f64()?,
+    ))
 }
 
 /// Whether any strategy allocates on the success or denied path (target: never).
@@ -201,7 +278,8 @@ fn groups(rows: &[Row]) -> Vec<&str> {
         "clock/read",
         "contention/success",
         "contention/rejection",
-        "keyed/try_consume",
+        "keyed/success",
+        "keyed/rejection",
         "keyed_remote/try_consume",
         "memory/build",
     ];
@@ -259,9 +337,19 @@ fn noise_notes(data: &Data) -> Vec<String> {
              threads, and a thread holding a lock or a contended line may be descheduled.",
             data.machine.cores
         ),
-        "The keyed embedded backend is async: each call is polled in place with a no-op waker \
-         inside the runtime context (what an `.await` in a task costs); Redis and PostgreSQL calls use \
-         `block_on` on a current-thread runtime, one round trip each."
+        "Keyed groups: both limiters own `String` keys, rendered once (`k0`, `k1`, …) and visited \
+         round-robin, each thread from its own offset with no shared counter; both are a dashmap \
+         of the key to a 64-bit GCRA word, with the same shard count. Hashers: governor's \
+         `DefaultKeyedRateLimiter` uses dashmap's default, std's `RandomState` (SipHash-1-3); \
+         `KeyedBucket` uses foldhash by default, and `KeyedBucket (SipHash)` is the same limiter \
+         on std's `RandomState`, so its ratio is the difference without the hasher. Clocks: each \
+         side's default (governor's quanta clock, bucket4rs's `FastClock`). Success: 2^32 − 1 \
+         tokens refilling one a second on both sides (never dry, never full again, so no key may \
+         be forgotten); rejection: one token an hour, taken from every key before measuring. \
+         Every run checks that every call was allowed (refused) and that every key is still held."
+            .to_owned(),
+        "Redis and PostgreSQL calls use `block_on` on a current-thread runtime, one round trip \
+         each."
             .to_owned(),
     ];
     notes.extend(data.notes.iter().cloned());
@@ -353,7 +441,13 @@ fn markdown_memory(memory: &Value, out: &mut String) {
         }
     }
     if let Some(keyed) = memory["keyed"].as_array() {
-        out.push_str("\n### Keyed: heap bytes per key\n\n| limiter | keys | key | heap bytes / key |\n|---|---:|---|---:|\n");
+        out.push_str(
+            "\n### Keyed: heap bytes per key\n\nEach limiter holds 1,000,000 keys (`\"k<n>\"` or \
+             `n`), each used once (its one token of the hour taken, so no key is full, and none \
+             may be forgotten; the count of keys is checked); the empty map is left out. Both own \
+             their keys: a `String` key's own heap is counted on both sides.\n\n\
+             | limiter | keys | key | heap bytes / key |\n|---|---:|---|---:|\n",
+        );
         for k in keyed {
             let _ = writeln!(
                 out,
@@ -367,11 +461,11 @@ fn markdown_memory(memory: &Value, out: &mut String) {
     }
 }
 
-fn markdown_headlines(rows: &[Row], out: &mut String) {
+fn markdown_headlines(rows: &[Row], memory: &Value, out: &mut String) {
     out.push_str(
         "| comparison (same run) | ratio | target | verdict | figures |\n|---|---:|---|---|---|\n",
     );
-    for h in headlines(rows) {
+    for h in headlines(rows, memory) {
         let _ = writeln!(
             out,
             "| {} | **{:.2}** | {} | {} | {} |",
@@ -392,7 +486,7 @@ pub(crate) fn docs_section(data: &Data) -> String {
         let _ = writeln!(out, "- {k}: {v}");
     }
     out.push_str("\n### Headline ratios\n\n");
-    markdown_headlines(&data.rows, &mut out);
+    markdown_headlines(&data.rows, &data.memory, &mut out);
     if let Some(line) = allocation_verdict(&data.memory) {
         let _ = writeln!(out, "\n{line}");
     }
@@ -436,7 +530,7 @@ pub(crate) fn html(data: &Data) -> Result<String> {
         let _ = write!(h, "<tr><th>{k}</th><td>{}</td></tr>", esc(&v));
     }
     h.push_str("</table><h2>Headline ratios (measured side by side in this run)</h2><table><tr><th>comparison</th><th>ratio</th><th>target</th><th>verdict</th><th>figures</th></tr>");
-    for hl in headlines(rows) {
+    for hl in headlines(rows, &data.memory) {
         let class = match hl.met {
             Some(true) => "met",
             Some(false) => "missed",
@@ -445,7 +539,7 @@ pub(crate) fn html(data: &Data) -> Result<String> {
         let _ = write!(
             h,
             "<tr><td>{}</td><td class=\"n\"><b>{:.2}</b></td><td>{}</td><td class=\"{class}\">{}</td><td>{}</td></tr>",
-            esc(hl.what),
+            esc(&hl.what),
             hl.ratio,
             esc(hl.target),
             verdict(hl.met).trim_matches('*'),
@@ -478,10 +572,19 @@ pub(crate) fn html(data: &Data) -> Result<String> {
         ("same_clock/instant", None),
         ("contention/success", Some("2")),
         ("contention/rejection", Some("2")),
-        ("keyed/try_consume", Some("10000")),
     ] {
         if let Some(svg) = ratio_chart(rows, group, param)? {
             h.push_str(&svg);
+        }
+    }
+    for (group, _) in KEYED_GROUPS {
+        for r in rows
+            .iter()
+            .filter(|r| r.group == group && r.function == "governor keyed")
+        {
+            if let Some(svg) = ratio_chart(rows, group, r.param.as_deref())? {
+                h.push_str(&svg);
+            }
         }
     }
     h.push_str("</div><h2>All figures</h2>");
@@ -770,7 +873,7 @@ pub(crate) fn print_summary(data: &Data) {
         );
     }
     println!("\nheadline ratios (same run):");
-    for h in headlines(rows) {
+    for h in headlines(rows, &data.memory) {
         println!(
             "  {:.2}  {}  [target {}: {}]",
             h.ratio,

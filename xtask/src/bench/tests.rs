@@ -92,3 +92,80 @@ fn rows_without_a_parameter_have_no_number() {
     assert_eq!(row.param_num(), None);
     assert_eq!(row.mops(), None);
 }
+
+#[test]
+fn keyed_headlines_pair_each_parameter_and_the_memory_figures() {
+    let dir = std::env::temp_dir().join(format!("xtask-bench-keyed-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let p = "10000 keys, 2 threads";
+    write(&dir, "keyed/success", "KeyedBucket", Some(p), 30.0);
+    write(
+        &dir,
+        "keyed/success",
+        "KeyedBucket (SipHash)",
+        Some(p),
+        45.0,
+    );
+    write(&dir, "keyed/success", "governor keyed", Some(p), 40.0);
+    write(
+        &dir,
+        "keyed/rejection",
+        "KeyedBucket",
+        Some("1 key, 1 thread"),
+        22.0,
+    );
+    write(
+        &dir,
+        "keyed/rejection",
+        "governor keyed",
+        Some("1 key, 1 thread"),
+        20.0,
+    );
+    // No governor figure at this parameter: no headline.
+    write(
+        &dir,
+        "keyed/rejection",
+        "KeyedBucket",
+        Some("1 key, 2 threads"),
+        20.0,
+    );
+    let rows = collect(&dir, 0).unwrap();
+    let _ = fs::remove_dir_all(&dir);
+    let row = |name: &str, contender: &str, key: &str, bytes: f64| {
+        json!({"name": name, "contender": contender, "keys": 1_000_000, "key": key,
+            "heap_bytes_per_key": bytes})
+    };
+    let data = report::Data {
+        machine: machine(),
+        mode: "full".into(),
+        rows,
+        memory: json!({"keyed": [
+            row("ours<String>", "KeyedBucket", "String", 90.0),
+            row("theirs<String>", "governor keyed", "String", 75.0),
+            row("ours<u64>", "KeyedBucket", "u64", 50.0),
+            row("theirs<u64>", "governor keyed", "u64", 25.0),
+        ]}),
+        notes: vec![],
+    };
+    let md = report::markdown(&data);
+    assert!(md.contains(
+        "| KeyedBucket vs governor keyed, success path, 10000 keys, 2 threads (time ratio) | \
+         **0.75** | ≤ 1.00 | met | KeyedBucket 30.0 ns / governor keyed 40.0 ns"
+    ));
+    assert!(md.contains(
+        "| KeyedBucket vs governor keyed, denied path, 1 key, 1 thread (time ratio) | **1.10** \
+         | ≤ 1.00 | **missed** |"
+    ));
+    assert!(!md.contains("denied path, 1 key, 2 threads"));
+    assert!(md.contains(
+        "String keys at 1,000,000 keys (ratio) | **1.20** | ≤ 1.50 | met | ours<String> 90.0 B \
+         / theirs<String> 75.0 B per key |"
+    ));
+    assert!(md.contains("u64 keys at 1,000,000 keys (ratio) | **2.00** | information | – |"));
+    // The table's × governor column divides by governor keyed at the same parameter.
+    assert!(md.contains(
+        "| KeyedBucket (SipHash) | 10000 keys, 2 threads | 45.0 | 46.0 | 22.22 | 1.12 |"
+    ));
+    let html = report::html(&data).unwrap();
+    assert!(html.contains("keyed/success @ 10000 keys, 2 threads"));
+}
