@@ -625,6 +625,23 @@ impl ConfigurationBuilder {
         self
     }
 
+    /// Adds a prebuilt limit (the same as [`add_limit`](Self::add_limit) today; `add_limit` is
+    /// about to take a closure on a [`BandwidthBuilder`], as `BucketBuilder::add_limit` does,
+    /// so code that passes a `Bandwidth` should call this method).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use core::time::Duration;
+    /// let c = BucketConfiguration::builder()
+    ///     .add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?)
+    ///     .build()?;
+    /// assert_eq!(c.bandwidths()[0].capacity(), 5);
+    /// # Ok::<(), bucket4rs_core::ConfigError>(())
+    /// ```
+    pub fn add_bandwidth(mut self, bandwidth: Bandwidth) -> Self {
+        self.bandwidths.push(bandwidth);
+        self
+    }
+
     /// Validates and builds the configuration.
     ///
     /// # Errors
