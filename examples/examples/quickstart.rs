@@ -16,8 +16,8 @@ use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, Clock, ManualC
 fn main() -> Result<(), Box<dyn core::error::Error>> {
     // 5 requests per second with bursts of up to 5, and at most 20 per minute on top.
     let config = BucketConfiguration::builder()
-        .add_limit(Bandwidth::simple(5, Duration::from_secs(1))?)
-        .add_limit(
+        .add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?)
+        .add_bandwidth(
             Bandwidth::builder()
                 .capacity(20)
                 .refill_intervally(20, Duration::from_secs(60))

@@ -459,7 +459,7 @@ impl core::error::Error for CompactStop {}
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, BucketState, StateError};
 /// # use core::time::Duration;
-/// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+/// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
 /// let state = BucketState::from_bandwidths(vec![]);
 /// assert_eq!(state.check(&config), Err(StateError::BandwidthCount { expected: 1, found: 0 }));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -508,7 +508,7 @@ impl core::error::Error for StateError {}
 /// use core::time::Duration;
 ///
 /// let config = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::simple(10, Duration::from_secs(1))?)
+///     .add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?)
 ///     .build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// assert!(state.try_consume(&config, 0, 10)?);
@@ -541,7 +541,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
     /// assert_eq!(BucketState::new(&config, 0).available_tokens(&config, 0), 4);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -578,7 +578,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
     /// assert_eq!(BucketState::new(&config, 0).bandwidths()[0].tokens(), 4);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -591,7 +591,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// state.bandwidths_mut()[0] = BandwidthState::from_parts(0, 1, 0);
     /// assert_eq!(state.bandwidths()[0].tokens(), 1);
@@ -608,7 +608,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
     /// assert!(BucketState::new(&config, 0).check(&config).is_ok());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -650,7 +650,7 @@ impl BucketState {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
     /// let config = BucketConfiguration::builder()
-    ///     .add_limit(Bandwidth::simple(10, Duration::from_secs(10))?) // one token a second
+    ///     .add_bandwidth(Bandwidth::simple(10, Duration::from_secs(10))?) // one token a second
     ///     .build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// assert_eq!(state.forgettable_at(&config, 0), Some(0)); // full, like a fresh bucket
@@ -658,7 +658,7 @@ impl BucketState {
     /// assert_eq!(state.forgettable_at(&config, 0), Some(3_000_000_000)); // full again at 3 s
     ///
     /// let short = BucketConfiguration::builder()
-    ///     .add_limit(Bandwidth::builder().capacity(10).refill_greedy(10, Duration::from_secs(10)).initial_tokens(0).build()?)
+    ///     .add_bandwidth(Bandwidth::builder().capacity(10).refill_greedy(10, Duration::from_secs(10)).initial_tokens(0).build()?)
     ///     .build()?;
     /// assert_eq!(BucketState::new(&short, 0).forgettable_at(&short, 60_000_000_000), None);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -684,7 +684,7 @@ impl BucketState {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::TryConsume};
     /// # use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// assert!(state.apply(&config, 0, &TryConsume(3))?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -711,7 +711,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// assert!(state.try_consume(&config, 0, 4)?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -732,7 +732,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// let probe = state.try_consume_and_return_remaining(&config, 0, 10)?;
     /// assert!(probe.is_consumed());
@@ -755,7 +755,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let state = BucketState::new(&config, 0);
     /// assert!(state.estimate_ability_to_consume(&config, 0, 10)?.can_be_consumed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -786,7 +786,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// assert_eq!(state.try_consume_as_much_as_possible(&config, 0, Some(3))?, 3);
     /// assert_eq!(state.try_consume_as_much_as_possible(&config, 0, None)?, 7);
@@ -808,7 +808,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// state.add_tokens(&config, 0, 5)?;
     /// assert_eq!(state.available_tokens(&config, 0), 10);
@@ -830,7 +830,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// state.force_add_tokens(&config, 0, 5)?;
     /// assert_eq!(state.available_tokens(&config, 0), 15);
@@ -850,7 +850,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// state.try_consume(&config, 0, 10)?;
     /// state.reset(&config, 0);
@@ -869,7 +869,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// state.consume_ignoring_rate_limits(&config, 0, 13)?;
     /// assert_eq!(state.available_tokens(&config, 0), -3);
@@ -889,7 +889,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// assert_eq!(state.consume_ignoring_rate_limits(&config, 0, 12)?, 200_000_000);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -911,7 +911,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// assert_eq!(state.reserve(&config, 0, 15, 1_000_000_000)?, Some(500_000_000));
     /// assert_eq!(state.reserve(&config, 0, 15, 1_000_000_000)?, None);
@@ -946,8 +946,8 @@ impl BucketState {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, TokensInheritanceStrategy};
     /// # use core::time::Duration;
-    /// let old = BucketConfiguration::builder().add_limit(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
-    /// let new = BucketConfiguration::builder().add_limit(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
+    /// let old = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
+    /// let new = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
     /// let mut state = BucketState::new(&old, 0);
     /// state.try_consume(&old, 0, 60)?;
     /// let state = state.replace_configuration(&old, &new, 0, TokensInheritanceStrategy::Proportionally, false)?;

@@ -21,7 +21,7 @@ use crate::state::BucketState;
 /// use core::time::Duration;
 ///
 /// let config = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::simple(10, Duration::from_secs(10))?)
+///     .add_bandwidth(Bandwidth::simple(10, Duration::from_secs(10))?)
 ///     .build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// let taken = state.try_consume(&config, 0, 4)?;
@@ -46,7 +46,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// let r = VerboseResult::new("x", config.clone(), BucketState::new(&config, 5), 5);
     /// assert_eq!((*r.value(), r.now_nanos()), ("x", 5));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -70,7 +70,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// assert_eq!(*VerboseResult::new(7, config.clone(), BucketState::new(&config, 0), 0).value(), 7);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -83,7 +83,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// assert_eq!(VerboseResult::new(7, config.clone(), BucketState::new(&config, 0), 0).into_value(), 7);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -96,7 +96,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// let r = VerboseResult::new(7, config.clone(), BucketState::new(&config, 0), 0).map(|v| v * 2);
     /// assert_eq!(*r.value(), 14);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -115,7 +115,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// let r = VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 0);
     /// assert_eq!(r.configuration(), &config);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -130,7 +130,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// let r = VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 0);
     /// assert_eq!(r.state().bandwidths()[0].tokens(), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -145,7 +145,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// assert_eq!(VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 42).now_nanos(), 42);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -167,7 +167,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let r = VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 0);
     /// assert_eq!(r.available_tokens(), 10);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -182,8 +182,8 @@ impl<T> VerboseResult<T> {
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
     /// let config = BucketConfiguration::builder()
-    ///     .add_limit(Bandwidth::simple(10, Duration::from_secs(1))?)
-    ///     .add_limit(Bandwidth::simple(100, Duration::from_secs(60))?)
+    ///     .add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?)
+    ///     .add_bandwidth(Bandwidth::simple(100, Duration::from_secs(60))?)
     ///     .build()?;
     /// let r = VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 0);
     /// assert_eq!(r.available_tokens_per_bandwidth(), [10, 100]);
@@ -200,7 +200,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// state.try_consume(&config, 0, 5)?;
     /// let r = VerboseResult::new((), config, state, 0);

@@ -352,7 +352,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// # use std::time::Duration;
     /// let bucket = Bucket::builder().add_limit(|l| l.capacity(100).refill_greedy(100, Duration::from_secs(60))).build()?;
     /// bucket.try_consume(60)?;
-    /// let pro = BucketConfiguration::builder().add_limit(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
+    /// let pro = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
     /// bucket.replace_configuration(pro, TokensInheritanceStrategy::Proportionally)?;
     /// assert_eq!(bucket.available_tokens(), 80);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -516,7 +516,7 @@ impl BucketSnapshot {
     ///
     /// ```
     /// # use bucket4rs_local::{Bandwidth, BucketConfiguration, BucketSnapshot, BucketState}; use std::time::Duration;
-    /// let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// let s = BucketSnapshot::new(c.clone(), BucketState::new(&c, 0));
     /// assert_eq!(s.configuration(), &c);
     /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -105,7 +105,7 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
     ///
     /// ```
     /// # use bucket4rs_local::{Bandwidth, Bucket, BucketConfiguration}; use std::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
     /// let bucket = Bucket::builder().with_configuration(&config).build()?;
     /// assert_eq!(bucket.configuration(), config);
     /// # Ok::<(), Box<dyn std::error::Error>>(())

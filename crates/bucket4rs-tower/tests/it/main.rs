@@ -35,8 +35,8 @@ fn bw(id: &str, capacity: u64, period: Duration) -> Bandwidth {
 
 fn free_plan() -> Plan {
     let config = BucketConfiguration::builder()
-        .add_limit(bw("burst", 20, Duration::from_secs(60)))
-        .add_limit(bw("daily", 1000, Duration::from_secs(86_400)))
+        .add_bandwidth(bw("burst", 20, Duration::from_secs(60)))
+        .add_bandwidth(bw("daily", 1000, Duration::from_secs(86_400)))
         .build()
         .unwrap();
     Plan::new("free", config)
@@ -227,7 +227,7 @@ async fn missing_malformed_and_unknown_keys_never_reach_the_backend() {
 async fn client_ip_and_closure_keys() {
     let (_clock, manager) = manual();
     let one = BucketConfiguration::builder()
-        .add_limit(Bandwidth::simple(1, Duration::from_secs(60)).unwrap())
+        .add_bandwidth(Bandwidth::simple(1, Duration::from_secs(60)).unwrap())
         .build()
         .unwrap();
     let svc = RateLimitLayer::builder()
@@ -286,14 +286,14 @@ async fn a_changed_plan_takes_over_the_existing_bucket() {
     let small = Plan::new(
         "free",
         BucketConfiguration::builder()
-            .add_limit(bw("burst", 2, Duration::from_secs(60)))
+            .add_bandwidth(bw("burst", 2, Duration::from_secs(60)))
             .build()
             .unwrap(),
     );
     let big = Plan::new(
         "pro",
         BucketConfiguration::builder()
-            .add_limit(bw("burst", 200, Duration::from_secs(60)))
+            .add_bandwidth(bw("burst", 200, Duration::from_secs(60)))
             .build()
             .unwrap(),
     );
@@ -454,7 +454,7 @@ async fn backend_failures_follow_the_failure_policy_never_a_silent_allow() {
     );
 
     let two = BucketConfiguration::builder()
-        .add_limit(Bandwidth::simple(2, Duration::from_secs(60)).unwrap())
+        .add_bandwidth(Bandwidth::simple(2, Duration::from_secs(60)).unwrap())
         .build()
         .unwrap();
     let svc = layer(FailurePolicy::fallback(two));
@@ -498,7 +498,7 @@ async fn a_key_flood_never_grows_past_the_cap_and_busy_clients_keep_their_bucket
     let clock = ManualClock::new(1_000_000_000);
     let manager = ProxyManager::new(EmbeddedBackend::with_clock(clock.clone()).with_max_keys(CAP));
     let five = BucketConfiguration::builder()
-        .add_limit(Bandwidth::simple(5, Duration::from_secs(1)).unwrap())
+        .add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1)).unwrap())
         .build()
         .unwrap();
     let layer = RateLimitLayer::builder()
@@ -764,7 +764,7 @@ async fn a_known_client_of_fixed_plans_is_resolved_once() {
 async fn a_bucket_under_another_configuration_is_switched_to_the_plan() {
     let (_clock, manager) = manual();
     let other = BucketConfiguration::builder()
-        .add_limit(bw("burst", 2, Duration::from_secs(60)))
+        .add_bandwidth(bw("burst", 2, Duration::from_secs(60)))
         .build()
         .unwrap();
     let b = manager.in_process_bucket("f", &other).unwrap().unwrap();
