@@ -799,6 +799,61 @@ impl ConsumptionProbe {
     pub const fn wait_for_reset(&self) -> Duration {
         Duration::from_nanos(self.nanos_to_wait_for_reset)
     }
+
+    /// Whether the request can never be served as it stands: it was refused and its wait is
+    /// [`MAX_NANOS`](crate::MAX_NANOS), because it asks for more tokens than a limit's
+    /// capacity (or the wait would exceed ~292 years). Retrying cannot help, so an HTTP
+    /// server should not answer it with `429` and a `Retry-After`, but as a bad request or
+    /// a misconfigured cost.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{BucketConfiguration, BucketState};
+    /// # use core::time::Duration;
+    /// let config = BucketConfiguration::builder()
+    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+    ///     .build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// assert!(state.try_consume_and_return_remaining(&config, 0, 11)?.is_never_possible());
+    /// state.try_consume(&config, 0, 10)?;
+    /// assert!(!state.try_consume_and_return_remaining(&config, 0, 10)?.is_never_possible()); // in 1 s
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub const fn is_never_possible(&self) -> bool {
+        !self.consumed && self.nanos_to_wait_for_refill >= crate::MAX_NANOS
+    }
+
+    /// The value of an HTTP `Retry-After` header for this probe: `None` when the tokens were
+    /// consumed; otherwise the wait for refill in whole seconds, **rounded up** and at least
+    /// 1, so a client that waits that long is served. (The usual Java conversion,
+    /// `nanosToWaitForRefill / 1_000_000_000` or `TimeUnit.NANOSECONDS.toSeconds`, truncates a
+    /// 0.4 s wait to 0; so does `wait_for_refill().as_secs()`.) Saturating: a request that
+    /// [can never be served](Self::is_never_possible) answers the largest value,
+    /// `Some(9_223_372_037)` (`MAX_NANOS` rounded up to seconds); check `is_never_possible`
+    /// first to answer such a request differently.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{BucketConfiguration, BucketState};
+    /// # use core::time::Duration;
+    /// let config = BucketConfiguration::builder()
+    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(4))) // 1 per 400 ms
+    ///     .build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// let probe = state.try_consume_and_return_remaining(&config, 0, 10)?;
+    /// assert_eq!(probe.retry_after_secs(), None); // consumed: no header
+    /// let probe = state.try_consume_and_return_remaining(&config, 0, 1)?;
+    /// assert_eq!(probe.wait_for_refill(), Duration::from_millis(400));
+    /// assert_eq!(probe.wait_for_refill().as_secs(), 0); // the pitfall: "retry in 0 s"
+    /// assert_eq!(probe.retry_after_secs(), Some(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "retry_after")]
+    pub const fn retry_after_secs(&self) -> Option<u64> {
+        if self.consumed {
+            return None;
+        }
+        let secs = self.nanos_to_wait_for_refill.div_ceil(1_000_000_000);
+        Some(if secs == 0 { 1 } else { secs })
+    }
 }
 
 /// Consume `n` tokens if possible, reporting remaining tokens and waits.
