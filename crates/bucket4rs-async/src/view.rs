@@ -2,7 +2,6 @@
 
 use core::time::Duration;
 
-use bucket4rs_core::ops;
 use bucket4rs_core::{BucketListener, Clock, OperationError, VerboseResult};
 use bucket4rs_local::{Bucket, Storage};
 
@@ -378,19 +377,9 @@ impl<S: Storage, C: Clock, L: BucketListener, Z: Sleeper> VerboseAsyncBucket<'_,
         tokens: u64,
         max_wait: Duration,
     ) -> Result<VerboseResult<bool>, OperationError> {
-        let op = ops::Reserve {
-            tokens,
-            max_wait_nanos: nanos(max_wait),
-        };
-        let r = self.bucket.as_verbose().execute(op)?;
+        let r = self.bucket.as_verbose().reserve(tokens, max_wait)?;
         if let Some(wait) = *r.value() {
-            wait_reserved(
-                self.bucket,
-                &self.sleeper,
-                tokens,
-                Duration::from_nanos(wait),
-            )
-            .await;
+            wait_reserved(self.bucket, &self.sleeper, tokens, wait).await;
         }
         Ok(r.map(|w| w.is_some()))
     }

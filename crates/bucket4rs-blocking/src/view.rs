@@ -4,7 +4,6 @@ use core::convert::Infallible;
 use core::fmt;
 use core::time::Duration;
 
-use bucket4rs_core::ops;
 use bucket4rs_core::{BucketListener, Clock, OperationError, VerboseResult};
 use bucket4rs_local::{Bucket, Storage};
 
@@ -518,12 +517,8 @@ impl<S: Storage, C: Clock, L: BucketListener> VerboseBlockingBucket<'_, S, C, L>
         tokens: u64,
         max_wait: Duration,
     ) -> Result<(VerboseResult<bool>, Option<Duration>), OperationError> {
-        let op = ops::Reserve {
-            tokens,
-            max_wait_nanos: nanos(max_wait),
-        };
-        let r = self.bucket.as_verbose().execute(op)?;
-        let wait = r.value().map(Duration::from_nanos);
+        let r = self.bucket.as_verbose().reserve(tokens, max_wait)?;
+        let wait = *r.value();
         Ok((r.map(|w| w.is_some()), wait))
     }
 }
