@@ -61,6 +61,8 @@ pub(crate) fn check(root: &Path) -> Result<()> {
         }
     }
 
+    problems.extend(facade_problems(root)?);
+
     if !problems.is_empty() {
         bail!(
             "tidy found {} problem(s):\n  - {}",
@@ -69,6 +71,66 @@ pub(crate) fn check(root: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The facade's sources: only re-exports (and docs, attributes and the `#[cfg(doctest)]`
+/// hook that tests the repository's README), so that the API lives in the crates it
+/// re-exports and `bucket4rs::tower` and the others can change underneath.
+fn facade_problems(root: &Path) -> Result<Vec<String>> {
+    let src = root.join("crates/bucket4rs/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files)?;
+    let mut problems = Vec::new();
+    for file in files {
+        let shown = relative(root, &file);
+        if file.file_name().is_some_and(|n| n != "lib.rs") {
+            problems.push(format!(
+                "{shown}: the facade has one source file, lib.rs, of re-exports only"
+            ));
+            continue;
+        }
+        let text = fs::read_to_string(&file)?;
+        problems.extend(not_reexports(&text).into_iter().map(|item| {
+            format!("{shown}: the facade only re-exports; move `{item}` to the crate it belongs to")
+        }));
+    }
+    Ok(problems)
+}
+
+/// The statements of a source file that are not `pub use …;` (comments and attributes
+/// skipped; an item under a `#[cfg(…doctest…)]` attribute allowed), each shortened to its
+/// first line.
+fn not_reexports(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut statement = String::new();
+    let mut doctest_only = false;
+    for line in text.lines() {
+        let line = line.split("//").next().unwrap_or_default().trim();
+        if line.starts_with("#[") || line.starts_with("#![") {
+            doctest_only |= line.contains("doctest");
+            continue;
+        }
+        if line.is_empty() {
+            continue;
+        }
+        if statement.is_empty() {
+            statement = line.to_owned();
+        } else {
+            statement.push(' ');
+            statement.push_str(line);
+        }
+        if line.ends_with(';') || line.ends_with('}') {
+            if !statement.starts_with("pub use ") && !doctest_only {
+                found.push(statement.chars().take(60).collect());
+            }
+            statement.clear();
+            doctest_only = false;
+        }
+    }
+    if !statement.is_empty() {
+        found.push(statement.chars().take(60).collect());
+    }
+    found
 }
 
 /// The directories of the workspace members listed in the root manifest's `members`

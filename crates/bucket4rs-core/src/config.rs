@@ -350,6 +350,7 @@ impl BandwidthBuilder {
     /// ));
     /// # Ok::<(), bucket4rs_core::ConfigError>(())
     /// ```
+    #[doc(alias = "refill_intervally_aligned_with_adaptive_initial_tokens")]
     pub fn refill_intervally_aligned_adaptive(
         mut self,
         tokens: u64,

@@ -32,6 +32,7 @@ use crate::state::BucketState;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[doc(alias = "diagnostics")]
 pub struct VerboseResult<T> {
     value: T,
     configuration: BucketConfiguration,
@@ -189,6 +190,7 @@ impl<T> VerboseResult<T> {
     /// assert_eq!(r.available_tokens_per_bandwidth(), [10, 100]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(alias = "available_tokens_per_each_bandwidth")]
     pub fn available_tokens_per_bandwidth(&self) -> Vec<i64> {
         let view = self.view();
         (0..view.len()).map(|i| view.get(i).tokens()).collect()
@@ -207,6 +209,7 @@ impl<T> VerboseResult<T> {
     /// assert_eq!(r.time_until_full(), Duration::from_millis(500));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(alias = "calculate_full_refilling_time")]
     pub fn time_until_full(&self) -> Duration {
         Duration::from_nanos(self.view().reset_wait(0))
     }

@@ -47,7 +47,34 @@ pub struct Bucket<S = LockFree, C = FastClock, L = NoopListener> {
 pub type LockFreeBucket<C = FastClock, L = NoopListener> = Bucket<LockFree, C, L>;
 /// A bucket behind a `parking_lot` mutex.
 pub type SynchronizedBucket<C = FastClock, L = NoopListener> = Bucket<Synchronized, C, L>;
-/// A single-threaded bucket: `Send` but not `Sync`.
+/// A single-threaded bucket: `Send` but not `Sync`, so sharing it between threads does not
+/// compile (the compiler then suggests a `RwLock` or a `Mutex`; the answer is a bucket built
+/// to be shared: [`BucketBuilder::build`] for a lock-free one, or
+/// [`BucketBuilder::build_synchronized`]).
+///
+/// ```compile_fail,E0277
+/// # use bucket4rs_local::Bucket; use std::time::Duration;
+/// let bucket = Bucket::builder()
+///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+///     .build_unsynchronized()?;
+/// std::thread::scope(|s| {
+///     s.spawn(|| bucket.try_consume(1)); // `RefCell<…>` cannot be shared between threads safely
+/// });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// ```
+/// # use bucket4rs_local::Bucket; use std::time::Duration;
+/// let bucket = Bucket::builder()
+///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+///     .build()?; // lock-free: shared as it is
+/// std::thread::scope(|s| {
+///     s.spawn(|| bucket.try_consume(1));
+///     s.spawn(|| bucket.try_consume(1));
+/// });
+/// assert_eq!(bucket.available_tokens(), 8);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub type UnsyncBucket<C = FastClock, L = NoopListener> = Bucket<Unsynchronized, C, L>;
 
 impl Bucket {
