@@ -1,4 +1,4 @@
-use super::{check, forbidden_attribute, not_reexports, section_has};
+use super::{check, forbidden_attribute, java_names, not_reexports, section_has};
 
 /// The whole repository follows the conventions: `cargo test` fails otherwise.
 #[test]
@@ -47,4 +47,14 @@ fn the_facade_may_only_reexport() {
             "use private::X;"
         ]
     );
+}
+
+#[test]
+fn reads_the_first_column_of_a_section_s_tables() {
+    let md = "# Top\n## Coming from Bucket4j\n\ntext\n\n### Part\n\n| Bucket4j | bucket4rs |\n|---|---|\n| `a()` | `b` |\n| `c(\\|x\\| x)` | d |\n\n## Next\n\n| `e` | f |\n";
+    assert_eq!(
+        java_names(md, "## Coming from Bucket4j"),
+        ["`a()`", "`c(|x| x)`"]
+    );
+    assert!(java_names(md, "## Missing").is_empty());
 }
