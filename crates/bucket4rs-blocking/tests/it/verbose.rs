@@ -105,21 +105,3 @@ fn an_interrupted_verbose_wait_gives_its_tokens_back() {
         ]
     );
 }
-
-#[test]
-fn the_real_clock_verbose_wait_parks_the_thread() {
-    let bucket = bucket4rs_local::Bucket::builder()
-        .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_millis(100)))
-        .build()
-        .unwrap();
-    let start = std::time::Instant::now();
-    let r = bucket.as_blocking().as_verbose().consume(12).unwrap();
-    assert_eq!(*r.value(), Duration::from_millis(20));
-    assert!(start.elapsed() >= Duration::from_millis(19));
-    let r = bucket
-        .as_blocking()
-        .as_verbose()
-        .try_consume(1, Duration::from_millis(100))
-        .unwrap();
-    assert!(*r.value());
-}
