@@ -75,7 +75,7 @@ async fn run(
         .build()
         .expect("manager");
     let config = BucketConfiguration::builder()
-        .add_limit(
+        .add_bandwidth(
             // Never exhausted in a run; a consumed token takes 1000 s to come back, so rows
             // do not expire mid-run.
             Bandwidth::builder()

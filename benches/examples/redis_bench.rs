@@ -45,7 +45,7 @@ async fn run(
         .build()
         .expect("manager");
     let config = BucketConfiguration::builder()
-        .add_limit(
+        .add_bandwidth(
             // Never exhausted in a run, and a consumed token takes 1000 s to come back, so
             // keys do not expire mid-run (they would be recreated: two round trips).
             Bandwidth::builder()

@@ -361,7 +361,7 @@ pub fn keyed_config() -> bucket4rs_core::BucketConfiguration {
         .build()
         .expect("bandwidth");
     bucket4rs_core::BucketConfiguration::builder()
-        .add_limit(limit)
+        .add_bandwidth(limit)
         .build()
         .expect("configuration")
 }

@@ -10,14 +10,20 @@
 //! `bucket4rs-local` wrap exactly this, with a real clock and thread-safe state.
 
 use core::time::Duration;
+use std::io::Write;
 
 use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, Clock, ManualClock, ops};
+use bucket4rs_examples::Outcome;
 
-fn main() -> Result<(), Box<dyn core::error::Error>> {
+fn main() -> Outcome {
+    run(&mut std::io::stdout())
+}
+
+fn run(out: &mut dyn Write) -> Outcome {
     // 5 requests per second with bursts of up to 5, and at most 20 per minute on top.
     let config = BucketConfiguration::builder()
-        .add_limit(Bandwidth::simple(5, Duration::from_secs(1))?)
-        .add_limit(
+        .add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?)
+        .add_bandwidth(
             Bandwidth::builder()
                 .capacity(20)
                 .refill_intervally(20, Duration::from_secs(60))
@@ -28,11 +34,14 @@ fn main() -> Result<(), Box<dyn core::error::Error>> {
     let clock = ManualClock::new(0);
     let mut state = BucketState::new(&config, clock.now_nanos());
 
-    println!("limits: 5 per second (greedy refill) and 20 per minute (refilled each minute)\n");
+    writeln!(
+        out,
+        "limits: 5 per second (greedy refill) and 20 per minute (refilled each minute)\n"
+    )?;
 
     let mut served = 0; // tokens consumed, for the per-minute count at the end
 
-    println!("a burst of 7 requests at once:");
+    writeln!(out, "a burst of 7 requests at once:")?;
     for request in 1..=7 {
         let probe = state.apply(
             &config,
@@ -41,17 +50,19 @@ fn main() -> Result<(), Box<dyn core::error::Error>> {
         )?;
         if probe.is_consumed() {
             served += 1;
-            println!(
+            writeln!(
+                out,
                 "  {} request {request}: allowed, {} left",
                 at(&clock),
                 probe.remaining_tokens()
-            );
+            )?;
         } else {
-            println!(
+            writeln!(
+                out,
                 "  {} request {request}: denied, retry after {:?}",
                 at(&clock),
                 probe.wait_for_refill()
-            );
+            )?;
         }
     }
 
@@ -68,8 +79,11 @@ fn main() -> Result<(), Box<dyn core::error::Error>> {
     clock.advance_nanos(1);
     let on_time = state.apply(&config, clock.now_nanos(), &ops::TryConsume(1))?;
     served += u64::from(early) + u64::from(on_time);
-    println!("\nwaiting exactly {:?}:", Duration::from_nanos(wait));
-    println!("  1 ns early: allowed = {early}; on time: allowed = {on_time}");
+    writeln!(out, "\nwaiting exactly {:?}:", Duration::from_nanos(wait))?;
+    writeln!(
+        out,
+        "  1 ns early: allowed = {early}; on time: allowed = {on_time}"
+    )?;
 
     clock.advance(Duration::from_millis(700));
     let estimate = state.apply(
@@ -77,21 +91,25 @@ fn main() -> Result<(), Box<dyn core::error::Error>> {
         clock.now_nanos(),
         &ops::EstimateAbilityToConsume(5),
     )?;
-    println!(
+    writeln!(
+        out,
         "\n{} can 5 be consumed? {} ({} available, wait {:?})",
         at(&clock),
         estimate.can_be_consumed(),
         estimate.remaining_tokens(),
         estimate.wait_for_refill()
-    );
+    )?;
     let taken = state.apply(
         &config,
         clock.now_nanos(),
         &ops::TryConsumeAsMuchAsPossible(None),
     )?;
-    println!("{} took as much as possible: {taken}", at(&clock));
+    writeln!(out, "{} took as much as possible: {taken}", at(&clock))?;
 
-    println!("\na steady 5 per second until the per-minute limit bites:");
+    writeln!(
+        out,
+        "\na steady 5 per second until the per-minute limit bites:"
+    )?;
     served += taken;
     loop {
         clock.advance(Duration::from_millis(200));
@@ -101,11 +119,12 @@ fn main() -> Result<(), Box<dyn core::error::Error>> {
             &ops::TryConsumeAndReturnRemaining(1),
         )?;
         if !probe.is_consumed() {
-            println!(
+            writeln!(
+                out,
                 "  {} denied: {served} tokens served this minute; next token in {:?}",
                 at(&clock),
                 probe.wait_for_refill()
-            );
+            )?;
             break;
         }
         served += 1;
@@ -119,11 +138,12 @@ fn main() -> Result<(), Box<dyn core::error::Error>> {
             )?
             .nanos_to_wait_for_refill(),
     ));
-    println!(
+    writeln!(
+        out,
         "  {} the minute is over: {} tokens available",
         at(&clock),
         state.available_tokens(&config, clock.now_nanos())
-    );
+    )?;
     Ok(())
 }
 
@@ -135,4 +155,20 @@ fn at(clock: &ManualClock) -> String {
         nanos / 1_000_000_000,
         nanos % 1_000_000_000 / 1_000_000
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn prints_the_same_on_every_run() {
+        let text = bucket4rs_examples::output_of(super::run);
+        bucket4rs_examples::assert_prints(
+            &text,
+            &[
+                "t=0.000s request 5: allowed, 0 left",
+                "t=0.000s request 6: denied, retry after 200ms",
+                "1 ns early: allowed = false; on time: allowed = true",
+            ],
+        );
+    }
 }

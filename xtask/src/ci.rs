@@ -37,7 +37,61 @@ pub(crate) fn test(sh: &Shell) -> Result<()> {
     services::ensure(sh)?;
     step("test");
     cmd!(sh, "cargo test --workspace --all-features").run()?;
-    other_conformance_dir(sh)
+    other_conformance_dir(sh)?;
+    facade_features(sh)
+}
+
+/// The facade's manifest, whose features [`facade_features`] checks one by one.
+const FACADE_MANIFEST: &str = "crates/bucket4rs/Cargo.toml";
+
+/// The facade with each of its features alone (and with none): `cargo check` of its tests,
+/// whose `tests/each_feature.rs` has a program per feature naming only `bucket4rs::…`. A
+/// re-export missing under one feature fails here; `--all-features` would hide it. Checking
+/// (no codegen) keeps it to a few seconds a feature once the dependencies are checked.
+fn facade_features(sh: &Shell) -> Result<()> {
+    step("test: the facade with each feature alone (cargo check of its tests)");
+    let path = project_root().join(FACADE_MANIFEST);
+    let manifest =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let features = feature_names(&manifest);
+    if features.is_empty() {
+        bail!("{FACADE_MANIFEST}: no [features] found");
+    }
+    let started = Instant::now();
+    let none = [String::new()];
+    for feature in none.iter().chain(&features) {
+        let mut args = vec!["--no-default-features"];
+        if !feature.is_empty() {
+            args.extend(["--features", feature.as_str()]);
+        }
+        cmd!(sh, "cargo check --quiet -p bucket4rs --tests {args...}").run()?;
+    }
+    println!(
+        "facade: {} feature sets checked in {}s",
+        features.len() + 1,
+        started.elapsed().as_secs()
+    );
+    Ok(())
+}
+
+/// The features of a manifest's `[features]` table, `default` excepted, in order.
+fn feature_names(manifest: &str) -> Vec<String> {
+    manifest
+        .lines()
+        .skip_while(|l| l.trim() != "[features]")
+        .skip(1)
+        .take_while(|l| !l.trim_start().starts_with('['))
+        .filter_map(|l| {
+            let (name, _) = l.split_once('=')?;
+            let name = name.trim();
+            let valid = !name.is_empty()
+                && !name.starts_with('#')
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            (valid && name != "default").then(|| name.to_owned())
+        })
+        .collect()
 }
 
 /// The traces of a conformance directory the runners are asked to replay: any directory of
@@ -230,3 +284,6 @@ fn names(cmd: Cmd<'_>) -> Result<Vec<String>> {
     }
     Ok(names)
 }
+
+#[cfg(test)]
+mod tests;

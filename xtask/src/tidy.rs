@@ -61,6 +61,9 @@ pub(crate) fn check(root: &Path) -> Result<()> {
         }
     }
 
+    problems.extend(facade_problems(root)?);
+    problems.extend(bucket4j_tables(root)?);
+
     if !problems.is_empty() {
         bail!(
             "tidy found {} problem(s):\n  - {}",
@@ -69,6 +72,117 @@ pub(crate) fn check(root: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The facade's sources: only re-exports (and docs, attributes and the `#[cfg(doctest)]`
+/// hook that tests the repository's README), so that the API lives in the crates it
+/// re-exports and `bucket4rs::tower` and the others can change underneath.
+fn facade_problems(root: &Path) -> Result<Vec<String>> {
+    let src = root.join("crates/bucket4rs/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files)?;
+    let mut problems = Vec::new();
+    for file in files {
+        let shown = relative(root, &file);
+        if file.file_name().is_some_and(|n| n != "lib.rs") {
+            problems.push(format!(
+                "{shown}: the facade has one source file, lib.rs, of re-exports only"
+            ));
+            continue;
+        }
+        let text = fs::read_to_string(&file)?;
+        problems.extend(not_reexports(&text).into_iter().map(|item| {
+            format!("{shown}: the facade only re-exports; move `{item}` to the crate it belongs to")
+        }));
+    }
+    Ok(problems)
+}
+
+/// The statements of a source file that are not `pub use …;` (comments and attributes
+/// skipped; an item under a `#[cfg(…doctest…)]` attribute allowed), each shortened to its
+/// first line.
+fn not_reexports(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut statement = String::new();
+    let mut doctest_only = false;
+    for line in text.lines() {
+        let line = line.split("//").next().unwrap_or_default().trim();
+        if line.starts_with("#[") || line.starts_with("#![") {
+            doctest_only |= line.contains("doctest");
+            continue;
+        }
+        if line.is_empty() {
+            continue;
+        }
+        if statement.is_empty() {
+            statement = line.to_owned();
+        } else {
+            statement.push(' ');
+            statement.push_str(line);
+        }
+        if line.ends_with(';') || line.ends_with('}') {
+            if !statement.starts_with("pub use ") && !doctest_only {
+                found.push(statement.chars().take(60).collect());
+            }
+            statement.clear();
+            doctest_only = false;
+        }
+    }
+    if !statement.is_empty() {
+        found.push(statement.chars().take(60).collect());
+    }
+    found
+}
+
+/// The facade's documentation and `docs/differences-from-bucket4j.md` each have a "Coming
+/// from Bucket4j" table (one with rustdoc links, one in plain Markdown): they must list the
+/// same Bucket4j names, in the same order.
+fn bucket4j_tables(root: &Path) -> Result<Vec<String>> {
+    const FACADE: &str = "crates/bucket4rs/src/lib.rs";
+    const DOC: &str = "docs/differences-from-bucket4j.md";
+    let facade = fs::read_to_string(root.join(FACADE))?;
+    let doc = fs::read_to_string(root.join(DOC))?;
+    let facade: String = facade
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .map(|l| l.strip_prefix(' ').unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let ours = java_names(&facade, "# Coming from Bucket4j");
+    let theirs = java_names(&doc, "## Coming from Bucket4j");
+    let mut problems = Vec::new();
+    if ours.is_empty() {
+        problems.push(format!("{FACADE}: no \"Coming from Bucket4j\" table"));
+    }
+    if ours != theirs {
+        let missing: Vec<_> = ours.iter().filter(|n| !theirs.contains(n)).collect();
+        let extra: Vec<_> = theirs.iter().filter(|n| !ours.contains(n)).collect();
+        problems.push(format!(
+            "{DOC}'s \"Coming from Bucket4j\" table differs from {FACADE}'s (missing \
+             {missing:?}, extra {extra:?}, or another order): update both"
+        ));
+    }
+    Ok(problems)
+}
+
+/// The first cells of the table rows of the section under `heading` (up to the next heading
+/// of the same level), header and separator rows excepted.
+fn java_names(markdown: &str, heading: &str) -> Vec<String> {
+    let level = heading.split(' ').next().unwrap_or("#");
+    markdown
+        .lines()
+        .skip_while(|l| !l.starts_with(heading))
+        .skip(1)
+        .take_while(|l| !(l.starts_with(level) && l[level.len()..].starts_with(' ')))
+        .filter(|l| l.starts_with('|') && !l.starts_with("|---") && !l.starts_with("| Bucket4j |"))
+        .filter_map(|l| {
+            let cells = l.replace("\\|", "\u{0}");
+            cells
+                .split('|')
+                .nth(1)
+                .map(|c| c.trim().replace('\u{0}', "|"))
+        })
+        .collect()
 }
 
 /// The directories of the workspace members listed in the root manifest's `members`

@@ -33,6 +33,14 @@
 //! callers queue in order, requests may exceed the capacity (the debt is paid by waiting), and
 //! `available_tokens` is negative while callers wait. This crate does no token arithmetic.
 //!
+//! The futures are lazy: nothing is reserved until the first poll (Bucket4j's
+//! `asScheduler()` reserves when called), and a future borrows its view, so
+//! `let f = bucket.as_async().consume(1);` does not compile (`E0716`): bind the view first.
+//! [`AsyncBucket`] shows both, with examples.
+//!
+//! [`AsyncBucket::as_verbose`] gives [`VerboseAsyncBucket`], whose waits also answer the
+//! `VerboseResult` of their reservation.
+//!
 //! No runtime is required: a [`Sleeper`] is any `Fn(Duration) -> impl Future<Output = ()>`,
 //! such as `tokio::time::sleep`, `async_std::task::sleep` or `smol::Timer::after` wrapped in
 //! an `async` block. The `tokio` feature adds [`TokioSleeper`] (and `as_async()`) and
@@ -56,6 +64,11 @@
 //!
 //! # Crate features
 //! - `tokio`: [`TokioSleeper`], `AsyncBucketExt::as_async` and [`TokioClock`].
+//!
+//! The examples run on tokio; copied into a program of your own they need tokio with the
+//! features `rt` and `macros` (for `#[tokio::main]`) and `time`; the [`TokioClock`] example
+//! also needs `test-util` (paused time): `tokio = { version = "1", features = ["rt", "macros",
+//! "time", "test-util"] }`.
 #![forbid(unsafe_code)]
 #![cfg_attr(bucket4rs_docsrs, feature(doc_cfg))]
 
@@ -66,4 +79,4 @@ pub use sleep::Sleeper;
 #[cfg(feature = "tokio")]
 #[cfg_attr(bucket4rs_docsrs, doc(cfg(feature = "tokio")))]
 pub use sleep::{TokioClock, TokioSleeper};
-pub use view::{AsyncBucket, AsyncBucketExt};
+pub use view::{AsyncBucket, AsyncBucketExt, VerboseAsyncBucket};

@@ -84,6 +84,11 @@ mod tokio_impl {
     /// (`start_paused`, `tokio::time::advance`): give it to a bucket so that tests with
     /// virtual time see the bucket refill in virtual time.
     ///
+    /// Paused time is a tokio feature of its own: the example below needs tokio with
+    /// `test-util` (and `rt`, `macros`, `time`), usually as a dev-dependency:
+    /// `tokio = { version = "1", features = ["rt", "macros", "time", "test-util"] }`.
+    /// Without `test-util`, `start_paused` and `tokio::time::advance` do not exist.
+    ///
     /// ```
     /// use bucket4rs_async::TokioClock;
     /// use bucket4rs_local::Clock;

@@ -2,7 +2,7 @@
 
 use core::time::Duration;
 
-use bucket4rs_core::{BucketListener, Clock, OperationError};
+use bucket4rs_core::{BucketListener, Clock, OperationError, VerboseResult};
 use bucket4rs_local::{Bucket, Storage};
 
 use crate::sleep::Sleeper;
@@ -28,6 +28,46 @@ use crate::sleep::Sleeper;
 ///     assert!(!view.try_consume(2, Duration::from_millis(1)).await?);
 ///     Ok(())
 /// }
+/// ```
+///
+/// # The tokens are reserved when the future is first polled
+/// `consume` and `try_consume` are `async fn`s: calling one does nothing yet. The returned
+/// future reserves its tokens on its first poll (its first `.await`, or when a `join!` or a
+/// spawned task first runs it), then sleeps. So waiters queue in the order they are first
+/// polled, not the order the futures were made, and a future dropped before it was polled
+/// never took anything. (Bucket4j's `asScheduler().consume(…)` reserves when called and
+/// returns a running `CompletableFuture`.)
+///
+/// The future borrows the view, so a view made in the same expression must outlive it:
+///
+/// ```compile_fail,E0716
+/// # use bucket4rs_async::AsyncBucketExt;
+/// # use bucket4rs_local::Bucket;
+/// # use std::time::Duration;
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// # let bucket = Bucket::builder().add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1))).build()?;
+/// // error[E0716]: temporary value dropped while borrowed (the view, at the end of the line)
+/// let later = bucket.with_sleeper(tokio::time::sleep).try_consume(1, Duration::from_secs(1));
+/// later.await?;
+/// # Ok(()) }
+/// ```
+///
+/// Bind the view first (awaiting in the same expression, `bucket.as_async().consume(1).await`,
+/// needs nothing):
+///
+/// ```
+/// # use bucket4rs_async::AsyncBucketExt;
+/// # use bucket4rs_local::Bucket;
+/// # use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let bucket = Bucket::builder().add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1))).build()?;
+/// let limiter = bucket.with_sleeper(tokio::time::sleep);
+/// let later = limiter.try_consume(1, Duration::from_secs(1)); // nothing reserved yet
+/// assert_eq!(bucket.available_tokens(), 1);
+/// assert!(later.await?); // reserved (and served at once) here
+/// assert_eq!(bucket.available_tokens(), 0);
+/// # Ok(()) }
 /// ```
 #[derive(Debug)]
 pub struct AsyncBucket<'a, B: ?Sized, Z> {
@@ -115,7 +155,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Drop for Refund<'_, S, C, L> {
     }
 }
 
-impl<S: Storage, C: Clock, L: BucketListener, Z: Sleeper> AsyncBucket<'_, Bucket<S, C, L>, Z> {
+impl<'a, S: Storage, C: Clock, L: BucketListener, Z: Sleeper> AsyncBucket<'a, Bucket<S, C, L>, Z> {
     /// Consumes `tokens`, waiting (asynchronously) as long as needed; `tokens` may exceed the
     /// capacity, the debt being paid by waiting.
     ///
@@ -149,7 +189,7 @@ impl<S: Storage, C: Clock, L: BucketListener, Z: Sleeper> AsyncBucket<'_, Bucket
     /// ```
     pub async fn consume(&self, tokens: u64) -> Result<(), OperationError> {
         let wait = self.bucket.consume_ignoring_rate_limits(tokens)?;
-        self.wait_reserved(tokens, wait).await;
+        wait_reserved(self.bucket, &self.sleeper, tokens, wait).await;
         Ok(())
     }
 
@@ -189,24 +229,159 @@ impl<S: Storage, C: Clock, L: BucketListener, Z: Sleeper> AsyncBucket<'_, Bucket
         match self.bucket.reserve(tokens, max_wait)? {
             None => Ok(false),
             Some(wait) => {
-                self.wait_reserved(tokens, wait).await;
+                wait_reserved(self.bucket, &self.sleeper, tokens, wait).await;
                 Ok(true)
             }
         }
     }
 
-    async fn wait_reserved(&self, tokens: u64, wait: Duration) {
-        if wait.is_zero() {
-            return;
-        }
-        self.bucket.listener().on_delayed(nanos(wait));
-        let mut refund = Refund {
+    /// The verbose view of this async view (Bucket4j's `asScheduler().asVerbose()`): the
+    /// same waits, each also answering the [`VerboseResult`] of its reservation.
+    ///
+    /// ```
+    /// use bucket4rs_async::AsyncBucketExt;
+    /// use bucket4rs_local::Bucket;
+    /// use std::time::Duration;
+    ///
+    /// #[tokio::main(flavor = "current_thread")]
+    /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    ///     let bucket = Bucket::builder()
+    ///         .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_millis(100)))
+    ///         .build()?;
+    ///     let r = bucket.with_sleeper(tokio::time::sleep).as_verbose().consume(12).await?;
+    ///     assert_eq!(*r.value(), Duration::from_millis(20)); // it slept 20 ms
+    ///     assert_eq!(r.available_tokens(), -2); // the debt at the reservation
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn as_verbose(&self) -> VerboseAsyncBucket<'a, S, C, L, Z>
+    where
+        Z: Clone,
+    {
+        VerboseAsyncBucket {
             bucket: self.bucket,
-            tokens,
-            armed: true,
-        };
-        self.sleeper.sleep(wait).await;
-        refund.armed = false;
+            sleeper: self.sleeper.clone(),
+        }
+    }
+}
+
+/// Waits `wait` for `tokens` already reserved on `bucket`, giving them back if dropped first.
+async fn wait_reserved<S: Storage, C: Clock, L: BucketListener, Z: Sleeper>(
+    bucket: &Bucket<S, C, L>,
+    sleeper: &Z,
+    tokens: u64,
+    wait: Duration,
+) {
+    if wait.is_zero() {
+        return;
+    }
+    bucket.listener().on_delayed(nanos(wait));
+    let mut refund = Refund {
+        bucket,
+        tokens,
+        armed: true,
+    };
+    sleeper.sleep(wait).await;
+    refund.armed = false;
+}
+
+/// The verbose async view of a bucket ([`AsyncBucket::as_verbose`]): the waits of
+/// [`AsyncBucket`], each answering a [`VerboseResult`] of its **reservation**, then sleeping
+/// as the plain view does (lazily, and cancellation safe, the same way).
+///
+/// The verbose result describes the reservation, made when the future is first polled: its
+/// configuration, the state it left (possibly in debt, which the sleep pays) and its clock
+/// reading. [`consume`](Self::consume)'s value is the `Duration` it slept (zero when it did
+/// not wait), [`try_consume`](Self::try_consume)'s whether it took the tokens. A future
+/// dropped mid-sleep gives its tokens back and yields no result.
+///
+/// ```
+/// use bucket4rs_async::AsyncBucketExt;
+/// use bucket4rs_local::Bucket;
+/// use std::time::Duration;
+///
+/// #[tokio::main(flavor = "current_thread")]
+/// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+///     let bucket = Bucket::builder()
+///         .add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(50)))
+///         .build()?;
+///     let verbose = bucket.with_sleeper(tokio::time::sleep).as_verbose();
+///     let r = verbose.try_consume(5, Duration::from_millis(1)).await?;
+///     assert!(*r.value());
+///     assert_eq!(r.available_tokens_per_bandwidth(), [0]);
+///     Ok(())
+/// }
+/// ```
+#[derive(Debug, Clone)]
+pub struct VerboseAsyncBucket<'a, S, C, L, Z> {
+    bucket: &'a Bucket<S, C, L>,
+    sleeper: Z,
+}
+
+impl<S: Storage, C: Clock, L: BucketListener, Z: Sleeper> VerboseAsyncBucket<'_, S, C, L, Z> {
+    /// [`AsyncBucket::consume`], verbosely: the value is how long the call slept.
+    ///
+    /// # Errors
+    /// As for [`AsyncBucket::consume`]; nothing is consumed then.
+    ///
+    /// ```
+    /// use bucket4rs_async::AsyncBucketExt;
+    /// use bucket4rs_local::Bucket;
+    /// use std::time::Duration;
+    ///
+    /// #[tokio::main(flavor = "current_thread")]
+    /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    ///     let bucket = Bucket::builder()
+    ///         .add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_millis(200)))
+    ///         .build()?;
+    ///     let r = bucket.with_sleeper(tokio::time::sleep).as_verbose().consume(3).await?;
+    ///     assert_eq!(*r.value(), Duration::from_millis(100));
+    ///     assert_eq!(r.time_until_full(), Duration::from_millis(300));
+    ///     Ok(())
+    /// }
+    /// ```
+    pub async fn consume(&self, tokens: u64) -> Result<VerboseResult<Duration>, OperationError> {
+        let r = self
+            .bucket
+            .as_verbose()
+            .consume_ignoring_rate_limits(tokens)?;
+        wait_reserved(self.bucket, &self.sleeper, tokens, *r.value()).await;
+        Ok(r)
+    }
+
+    /// [`AsyncBucket::try_consume`], verbosely: the value says whether the tokens were taken.
+    ///
+    /// # Errors
+    /// As for [`AsyncBucket::try_consume`]; nothing is consumed then.
+    ///
+    /// ```
+    /// use bucket4rs_async::AsyncBucketExt;
+    /// use bucket4rs_local::Bucket;
+    /// use std::time::Duration;
+    ///
+    /// #[tokio::main(flavor = "current_thread")]
+    /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    ///     let bucket = Bucket::builder()
+    ///         .add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(50)))
+    ///         .build()?;
+    ///     let verbose = bucket.with_sleeper(tokio::time::sleep).as_verbose();
+    ///     verbose.try_consume(5, Duration::from_millis(1)).await?;
+    ///     let refused = verbose.try_consume(1, Duration::from_millis(1)).await?; // needs 10 s
+    ///     assert!(!*refused.value());
+    ///     assert_eq!(refused.available_tokens(), 0);
+    ///     Ok(())
+    /// }
+    /// ```
+    pub async fn try_consume(
+        &self,
+        tokens: u64,
+        max_wait: Duration,
+    ) -> Result<VerboseResult<bool>, OperationError> {
+        let r = self.bucket.as_verbose().reserve(tokens, max_wait)?;
+        if let Some(wait) = *r.value() {
+            wait_reserved(self.bucket, &self.sleeper, tokens, wait).await;
+        }
+        Ok(r.map(|w| w.is_some()))
     }
 }
 
@@ -240,6 +415,7 @@ pub trait AsyncBucketExt {
     ///     Ok(())
     /// }
     /// ```
+    #[doc(alias = "as_scheduler")]
     fn with_sleeper<Z: Sleeper>(&self, sleeper: Z) -> AsyncBucket<'_, Self, Z>;
 
     /// The async view of this bucket on tokio's timer.
@@ -258,6 +434,7 @@ pub trait AsyncBucketExt {
     /// ```
     #[cfg(feature = "tokio")]
     #[cfg_attr(bucket4rs_docsrs, doc(cfg(feature = "tokio")))]
+    #[doc(alias = "as_scheduler")]
     fn as_async(&self) -> AsyncBucket<'_, Self, crate::TokioSleeper> {
         self.with_sleeper(crate::TokioSleeper)
     }

@@ -53,10 +53,32 @@
 //! gives `on_rejected(tokens)`; a cancelled wait gives `on_interrupted()` instead of
 //! `on_parked`. A call that does not need to wait parks never and only reports
 //! `on_consumed`.
+//!
+//! # Verbose waits
+//! [`BlockingBucket::as_verbose`] gives [`VerboseBlockingBucket`], whose waits also answer the
+//! `VerboseResult` of their reservation (the state right after the tokens were taken, before
+//! the park), as Bucket4j's `asBlocking().asVerbose()`.
+//!
+//! # Not on an async runtime
+//! A blocking wait parks the calling thread. On a thread that runs async tasks (a tokio
+//! worker, or the thread inside a current-thread runtime's `block_on`) every task of that
+//! thread stalls for the wait: use `bucket4rs-async` there, or move the call to
+//! `tokio::task::spawn_blocking`. With the `tokio` feature, debug builds check this when a
+//! blocking view is made ([`as_blocking`](BlockingBucketExt::as_blocking),
+//! [`BlockingBucket::new`]) and print a warning to stderr, once per process, when it is
+//! made on such a thread. It is a warning, not an error: release builds behave the same, and
+//! nothing else changes. Tokio's blocking threads (`spawn_blocking`) are not flagged. The
+//! facade `bucket4rs` turns the check on whenever its `blocking` and `tokio` features are
+//! both on.
+//!
+//! # Crate features
+//! - `tokio`: the debug-build check above (a dependency on tokio's `rt`, which a program on
+//!   tokio has already).
 #![forbid(unsafe_code)]
 
+mod guard;
 mod park;
 mod view;
 
 pub use park::{CancelToken, Interrupted, ManualClockPark, ParkStrategy, ThreadPark};
-pub use view::{BlockingBucket, BlockingBucketExt, WaitError};
+pub use view::{BlockingBucket, BlockingBucketExt, VerboseBlockingBucket, WaitError};

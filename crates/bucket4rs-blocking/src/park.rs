@@ -48,6 +48,7 @@ impl core::error::Error for Interrupted {}
 /// }
 /// assert_eq!(Impatient.park(Duration::from_secs(5)), Err(Interrupted));
 /// ```
+#[doc(alias = "blocking_strategy")]
 pub trait ParkStrategy {
     /// Waits `duration`, or fails with [`Interrupted`] when the wait is cancelled.
     ///
@@ -175,6 +176,7 @@ impl CancelToken {
     /// token.clone().cancel();
     /// assert_eq!(token.park(Duration::from_secs(3600)), Err(Interrupted));
     /// ```
+    #[doc(alias = "interrupt")]
     pub fn cancel(&self) {
         let mut cancelled = self
             .state

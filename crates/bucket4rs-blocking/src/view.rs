@@ -4,9 +4,10 @@ use core::convert::Infallible;
 use core::fmt;
 use core::time::Duration;
 
-use bucket4rs_core::{BucketListener, Clock, OperationError};
+use bucket4rs_core::{BucketListener, Clock, OperationError, VerboseResult};
 use bucket4rs_local::{Bucket, Storage};
 
+use crate::guard;
 use crate::park::{Interrupted, ParkStrategy, ThreadPark};
 
 /// Why a blocking call with a [`ParkStrategy`] failed.
@@ -102,6 +103,7 @@ impl<'a, B: ?Sized> BlockingBucket<'a, B> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn new(bucket: &'a B) -> Self {
+        guard::check_thread();
         Self { bucket }
     }
 
@@ -124,7 +126,7 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-impl<S: Storage, C: Clock, L: BucketListener> BlockingBucket<'_, Bucket<S, C, L>> {
+impl<'a, S: Storage, C: Clock, L: BucketListener> BlockingBucket<'a, Bucket<S, C, L>> {
     /// Consumes `tokens`, parking the thread (never spinning) for as long as needed. `tokens`
     /// may exceed the capacity: the debt is paid by waiting. Tokens are reserved before the
     /// wait, so a later caller queues behind this one and `available_tokens` shows the debt.
@@ -149,12 +151,10 @@ impl<S: Storage, C: Clock, L: BucketListener> BlockingBucket<'_, Bucket<S, C, L>
     /// assert!(start.elapsed() >= Duration::from_millis(19));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(alias = "consume_uninterruptibly")]
     pub fn consume(&self, tokens: u64) -> Result<(), OperationError> {
         let wait = self.bucket.consume_ignoring_rate_limits(tokens)?;
-        match self.park_reserved(tokens, wait, |d| {
-            ThreadPark.sleep(d);
-            Ok::<(), Infallible>(())
-        }) {
+        match park_reserved(self.bucket, tokens, wait, sleep) {
             Ok(()) => Ok(()),
             Err(never) => match never {},
         }
@@ -184,13 +184,11 @@ impl<S: Storage, C: Clock, L: BucketListener> BlockingBucket<'_, Bucket<S, C, L>
     /// assert_eq!(bucket.available_tokens(), 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(alias = "try_consume_uninterruptibly")]
     pub fn try_consume(&self, tokens: u64, max_wait: Duration) -> Result<bool, OperationError> {
         match self.bucket.reserve(tokens, max_wait)? {
             None => Ok(false),
-            Some(wait) => match self.park_reserved(tokens, wait, |d| {
-                ThreadPark.sleep(d);
-                Ok::<(), Infallible>(())
-            }) {
+            Some(wait) => match park_reserved(self.bucket, tokens, wait, sleep) {
                 Ok(()) => Ok(true),
                 Err(never) => match never {},
             },
@@ -230,7 +228,7 @@ impl<S: Storage, C: Clock, L: BucketListener> BlockingBucket<'_, Bucket<S, C, L>
         park: &P,
     ) -> Result<(), WaitError> {
         let wait = self.bucket.consume_ignoring_rate_limits(tokens)?;
-        self.park_reserved(tokens, wait, |d| park.park(d))?;
+        park_reserved(self.bucket, tokens, wait, |d| park.park(d))?;
         Ok(())
     }
 
@@ -267,37 +265,261 @@ impl<S: Storage, C: Clock, L: BucketListener> BlockingBucket<'_, Bucket<S, C, L>
         match self.bucket.reserve(tokens, max_wait)? {
             None => Ok(false),
             Some(wait) => {
-                self.park_reserved(tokens, wait, |d| park.park(d))?;
+                park_reserved(self.bucket, tokens, wait, |d| park.park(d))?;
                 Ok(true)
             }
         }
     }
 
-    /// Waits for `tokens` already reserved; on failure gives them back and says so.
-    fn park_reserved<E>(
+    /// The verbose view of this blocking view (Bucket4j's `asBlocking().asVerbose()`): the
+    /// same waits, each also answering the [`VerboseResult`] of its reservation.
+    ///
+    /// ```
+    /// use bucket4rs_blocking::{BlockingBucketExt, ManualClockPark};
+    /// use bucket4rs_local::{Bucket, ManualClock};
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new(0);
+    /// let bucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+    ///     .with_clock(clock.clone())
+    ///     .build()?;
+    /// let park = ManualClockPark::new(clock);
+    /// let r = bucket.as_blocking().as_verbose().consume_with(12, &park)?;
+    /// assert_eq!(*r.value(), Duration::from_millis(200)); // it parked 200 ms
+    /// assert_eq!(r.available_tokens(), -2); // the debt at the reservation, paid by the park
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn as_verbose(&self) -> VerboseBlockingBucket<'a, S, C, L> {
+        VerboseBlockingBucket {
+            bucket: self.bucket,
+        }
+    }
+}
+
+/// Waits for `tokens` already reserved on `bucket`; on failure gives them back and says so.
+fn park_reserved<S: Storage, C: Clock, L: BucketListener, E>(
+    bucket: &Bucket<S, C, L>,
+    tokens: u64,
+    wait: Duration,
+    park: impl FnOnce(Duration) -> Result<(), E>,
+) -> Result<(), E> {
+    if wait.is_zero() {
+        return Ok(());
+    }
+    let listener = bucket.listener();
+    let n = nanos(wait);
+    listener.on_before_parking(n);
+    match park(wait) {
+        Ok(()) => {
+            listener.on_parked(n);
+            Ok(())
+        }
+        Err(e) => {
+            // `tokens` is at least 1 (the reservation succeeded), so this cannot fail.
+            let _ = bucket.add_tokens(tokens);
+            listener.on_interrupted();
+            Err(e)
+        }
+    }
+}
+
+/// Parks the calling thread with [`ThreadPark`], which cannot fail.
+fn sleep(d: Duration) -> Result<(), Infallible> {
+    ThreadPark.sleep(d);
+    Ok(())
+}
+
+/// The verbose blocking view of a bucket
+/// ([`BlockingBucket::as_verbose`]): the waits of [`BlockingBucket`], each answering a
+/// [`VerboseResult`] of its **reservation**, then parking as the plain view does.
+///
+/// A wait is two steps: the reservation takes the tokens at once (possibly into debt) and
+/// says how long until they are paid for; then the thread parks that long. The verbose result
+/// describes the first step: its configuration, the state the reservation left and the clock
+/// reading it ran at, so [`available_tokens`](VerboseResult::available_tokens) is negative by
+/// the debt this call (and the callers queued before it) is still paying, and
+/// [`time_until_full`](VerboseResult::time_until_full) counts from the reservation. Read the
+/// bucket again after the call for its state once the park is over.
+///
+/// | method | value |
+/// |---|---|
+/// | [`consume`](Self::consume), [`consume_with`](Self::consume_with) | the `Duration` the call parked (zero when it did not wait) |
+/// | [`try_consume`](Self::try_consume), [`try_consume_with`](Self::try_consume_with) | whether the tokens were taken (`false`: refused at once, nothing taken) |
+///
+/// An interrupted wait returns [`WaitError::Interrupted`] (its tokens given back), not a
+/// verbose result.
+///
+/// ```
+/// use bucket4rs_blocking::BlockingBucketExt;
+/// use bucket4rs_local::Bucket;
+/// use std::time::Duration;
+///
+/// let bucket = Bucket::builder()
+///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+///     .build()?;
+/// let verbose = bucket.as_blocking().as_verbose();
+/// let r = verbose.try_consume(4, Duration::from_millis(1))?;
+/// assert!(*r.value());
+/// assert_eq!(r.available_tokens_per_bandwidth(), [6]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct VerboseBlockingBucket<'a, S, C, L> {
+    bucket: &'a Bucket<S, C, L>,
+}
+
+impl<S, C, L> Clone for VerboseBlockingBucket<'_, S, C, L> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S, C, L> Copy for VerboseBlockingBucket<'_, S, C, L> {}
+
+impl<S: Storage, C: Clock, L: BucketListener> VerboseBlockingBucket<'_, S, C, L> {
+    /// [`BlockingBucket::consume`], verbosely: the value is how long the call parked.
+    ///
+    /// # Errors
+    /// As for [`BlockingBucket::consume`]; nothing is consumed then.
+    ///
+    /// ```
+    /// use bucket4rs_blocking::BlockingBucketExt;
+    /// use bucket4rs_local::Bucket;
+    /// use std::time::Duration;
+    ///
+    /// let bucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_millis(100)))
+    ///     .build()?;
+    /// let r = bucket.as_blocking().as_verbose().consume(12)?; // 2 tokens of debt: 20 ms
+    /// assert_eq!(*r.value(), Duration::from_millis(20));
+    /// assert_eq!(r.available_tokens(), -2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn consume(&self, tokens: u64) -> Result<VerboseResult<Duration>, OperationError> {
+        let r = self
+            .bucket
+            .as_verbose()
+            .consume_ignoring_rate_limits(tokens)?;
+        match park_reserved(self.bucket, tokens, *r.value(), sleep) {
+            Ok(()) => Ok(r),
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`BlockingBucket::try_consume`], verbosely: the value says whether the tokens were
+    /// taken.
+    ///
+    /// # Errors
+    /// As for [`BlockingBucket::try_consume`]; nothing is consumed then.
+    ///
+    /// ```
+    /// use bucket4rs_blocking::BlockingBucketExt;
+    /// use bucket4rs_local::Bucket;
+    /// use std::time::Duration;
+    ///
+    /// let bucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(10)))
+    ///     .build()?;
+    /// let verbose = bucket.as_blocking().as_verbose();
+    /// assert!(*verbose.try_consume(10, Duration::from_millis(1))?.value());
+    /// let refused = verbose.try_consume(1, Duration::from_millis(10))?; // needs a second
+    /// assert!(!*refused.value());
+    /// assert_eq!(refused.available_tokens(), 0);
+    /// assert!(refused.time_until_full() > Duration::from_secs(9)); // the clock is real
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume(
         &self,
         tokens: u64,
-        wait: Duration,
-        park: impl FnOnce(Duration) -> Result<(), E>,
-    ) -> Result<(), E> {
-        if wait.is_zero() {
-            return Ok(());
+        max_wait: Duration,
+    ) -> Result<VerboseResult<bool>, OperationError> {
+        let (r, wait) = self.reserve(tokens, max_wait)?;
+        match wait.map(|w| park_reserved(self.bucket, tokens, w, sleep)) {
+            None | Some(Ok(())) => Ok(r),
+            Some(Err(never)) => match never {},
         }
-        let listener = self.bucket.listener();
-        let n = nanos(wait);
-        listener.on_before_parking(n);
-        match park(wait) {
-            Ok(()) => {
-                listener.on_parked(n);
-                Ok(())
-            }
-            Err(e) => {
-                // `tokens` is at least 1 (the reservation succeeded), so this cannot fail.
-                let _ = self.bucket.add_tokens(tokens);
-                listener.on_interrupted();
-                Err(e)
-            }
+    }
+
+    /// [`BlockingBucket::consume_with`], verbosely: the value is how long the call parked.
+    ///
+    /// # Errors
+    /// As for [`BlockingBucket::consume_with`].
+    ///
+    /// ```
+    /// use bucket4rs_blocking::{BlockingBucketExt, ManualClockPark};
+    /// use bucket4rs_local::{Bucket, ManualClock};
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new(0);
+    /// let bucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
+    ///     .with_clock(clock.clone())
+    ///     .build()?;
+    /// let park = ManualClockPark::new(clock);
+    /// let r = bucket.as_blocking().as_verbose().consume_with(3, &park)?;
+    /// assert_eq!(*r.value(), Duration::from_secs(2));
+    /// assert_eq!(r.time_until_full(), Duration::from_secs(3));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn consume_with<P: ParkStrategy + ?Sized>(
+        &self,
+        tokens: u64,
+        park: &P,
+    ) -> Result<VerboseResult<Duration>, WaitError> {
+        let r = self
+            .bucket
+            .as_verbose()
+            .consume_ignoring_rate_limits(tokens)?;
+        park_reserved(self.bucket, tokens, *r.value(), |d| park.park(d))?;
+        Ok(r)
+    }
+
+    /// [`BlockingBucket::try_consume_with`], verbosely: the value says whether the tokens
+    /// were taken.
+    ///
+    /// # Errors
+    /// As for [`BlockingBucket::try_consume_with`].
+    ///
+    /// ```
+    /// use bucket4rs_blocking::{BlockingBucketExt, ManualClockPark};
+    /// use bucket4rs_local::{Bucket, ManualClock};
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new(0);
+    /// let bucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
+    ///     .with_clock(clock.clone())
+    ///     .build()?;
+    /// let park = ManualClockPark::new(clock);
+    /// let verbose = bucket.as_blocking().as_verbose();
+    /// let r = verbose.try_consume_with(2, Duration::from_secs(1), &park)?;
+    /// assert_eq!((*r.value(), r.available_tokens()), (true, -1));
+    /// assert_eq!(park.parks(), [Duration::from_secs(1)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_consume_with<P: ParkStrategy + ?Sized>(
+        &self,
+        tokens: u64,
+        max_wait: Duration,
+        park: &P,
+    ) -> Result<VerboseResult<bool>, WaitError> {
+        let (r, wait) = self.reserve(tokens, max_wait)?;
+        if let Some(w) = wait {
+            park_reserved(self.bucket, tokens, w, |d| park.park(d))?;
         }
+        Ok(r)
+    }
+
+    /// The verbose reservation: whether it took the tokens, and the wait when it did.
+    fn reserve(
+        &self,
+        tokens: u64,
+        max_wait: Duration,
+    ) -> Result<(VerboseResult<bool>, Option<Duration>), OperationError> {
+        let r = self.bucket.as_verbose().reserve(tokens, max_wait)?;
+        let wait = *r.value();
+        Ok((r.map(|w| w.is_some()), wait))
     }
 }
 

@@ -17,6 +17,7 @@ use core::time::Duration;
 /// assert_eq!(clock.now_nanos(), 5);
 /// assert!(!clock.is_wall_clock_based());
 /// ```
+#[doc(alias = "time_meter")]
 pub trait Clock {
     /// The current reading in nanoseconds.
     fn now_nanos(&self) -> i64;
@@ -212,7 +213,8 @@ mod std_clocks {
         }
     }
 
-    /// Monotonic nanoseconds from `std::time::Instant`, counted from when the clock was made.
+    /// Monotonic nanoseconds from `std::time::Instant`, counted from when the clock was made
+    /// (Bucket4j's `TimeMeter.SYSTEM_NANOTIME`, which reads `System.nanoTime()`).
     ///
     /// Never goes backwards and is immune to wall-clock adjustments; not usable for aligned
     /// refill.
@@ -224,6 +226,7 @@ mod std_clocks {
     /// assert!(clock.now_nanos() >= a);
     /// ```
     #[derive(Clone, Copy, Debug)]
+    #[doc(alias = "system_nanotime")]
     pub struct MonotonicClock {
         origin: Instant,
     }
@@ -278,6 +281,7 @@ mod std_clocks {
     /// assert!(SystemMillisClock.is_wall_clock_based());
     /// ```
     #[derive(Clone, Copy, Debug, Default)]
+    #[doc(alias = "system_milliseconds")]
     pub struct SystemMillisClock;
 
     impl Clock for SystemMillisClock {
@@ -292,7 +296,13 @@ mod std_clocks {
         }
     }
 
-    /// Wall-clock nanoseconds since the Unix epoch (can jump when the system time is set).
+    /// Wall-clock nanoseconds since the Unix epoch, from `SystemTime`.
+    ///
+    /// **Not** Bucket4j's `TimeMeter.SYSTEM_NANOTIME`, whatever the name suggests: that one is
+    /// monotonic, and its counterpart is [`MonotonicClock`]. This clock jumps when the system
+    /// time is set (forward: the bucket refills for time that did not pass), so use it only
+    /// where aligned refill needs wall-clock time at nanosecond precision; `bucket4rs-local`'s
+    /// default `FastClock` is epoch-based too and never jumps.
     ///
     /// ```
     /// use bucket4rs_core::{Clock, SystemNanosClock};

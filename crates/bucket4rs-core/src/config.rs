@@ -350,6 +350,7 @@ impl BandwidthBuilder {
     /// ));
     /// # Ok::<(), bucket4rs_core::ConfigError>(())
     /// ```
+    #[doc(alias = "refill_intervally_aligned_with_adaptive_initial_tokens")]
     pub fn refill_intervally_aligned_adaptive(
         mut self,
         tokens: u64,
@@ -492,12 +493,12 @@ const fn gcd(mut a: u64, mut b: u64) -> u64 {
 /// when every bandwidth has the tokens, so the classic "burst plus sustained rate" is two limits:
 ///
 /// ```
-/// use bucket4rs_core::{Bandwidth, BucketConfiguration};
+/// use bucket4rs_core::BucketConfiguration;
 /// use core::time::Duration;
 ///
 /// let config = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::simple(10, Duration::from_secs(1))?)      // bursts of 10
-///     .add_limit(Bandwidth::simple(1_000, Duration::from_secs(3600))?) // 1000 an hour
+///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))) // bursts of 10
+///     .add_limit(|l| l.capacity(1_000).refill_greedy(1_000, Duration::from_secs(3600))) // 1000 an hour
 ///     .build()?;
 /// assert_eq!(config.bandwidths().len(), 2);
 /// # Ok::<(), bucket4rs_core::ConfigError>(())
@@ -512,7 +513,7 @@ impl BucketConfiguration {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use core::time::Duration;
-    /// let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// assert_eq!(c.bandwidths()[0].capacity(), 1);
     /// # Ok::<(), bucket4rs_core::ConfigError>(())
     /// ```
@@ -549,7 +550,7 @@ impl BucketConfiguration {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use core::time::Duration;
-    /// let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
+    /// let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
     /// assert_eq!(c.bandwidths().len(), 1);
     /// # Ok::<(), bucket4rs_core::ConfigError>(())
     /// ```
@@ -561,7 +562,7 @@ impl BucketConfiguration {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use core::time::Duration;
-    /// let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
+    /// let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
     /// assert!(!c.needs_wall_clock());
     /// # Ok::<(), bucket4rs_core::ConfigError>(())
     /// ```
@@ -583,7 +584,7 @@ impl BucketConfiguration {
     ///     .capacity(1)
     ///     .refill_intervally_aligned(1, Duration::from_secs(1), Duration::ZERO)
     ///     .build()?;
-    /// let c = BucketConfiguration::builder().add_limit(aligned).build()?;
+    /// let c = BucketConfiguration::builder().add_bandwidth(aligned).build()?;
     /// assert_eq!(c.check_clock(false), Err(ConfigError::AlignedRefillNeedsWallClock));
     /// assert_eq!(c.check_clock(true), Ok(()));
     /// # Ok::<(), bucket4rs_core::ConfigError>(())
@@ -596,39 +597,83 @@ impl BucketConfiguration {
     }
 }
 
-/// Builder for a [`BucketConfiguration`].
+/// Builder for a [`BucketConfiguration`], with the same two ways to add a limit as
+/// `bucket4rs-local`'s `BucketBuilder`: [`add_limit`](Self::add_limit) configures one with a
+/// closure on a [`BandwidthBuilder`], [`add_bandwidth`](Self::add_bandwidth) adds one built
+/// already.
+///
+/// Building a limit in a closure can fail (a zero capacity, a refill faster than one token per
+/// nanosecond, …); the builder keeps the first such error and [`build`](Self::build) returns
+/// it, so a chain of `add_limit` calls needs a single `?` at the end.
 ///
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use core::time::Duration;
 /// let c = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::simple(5, Duration::from_secs(1))?)
+///     .add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1)))
+///     .add_bandwidth(Bandwidth::simple(100, Duration::from_secs(60))?)
 ///     .build()?;
 /// assert_eq!(c.bandwidths()[0].capacity(), 5);
+/// assert_eq!(c.bandwidths()[1].capacity(), 100);
 /// # Ok::<(), bucket4rs_core::ConfigError>(())
 /// ```
 #[derive(Clone, Debug, Default)]
 #[must_use]
 pub struct ConfigurationBuilder {
     bandwidths: Vec<Bandwidth>,
+    /// The first error of a limit built by [`ConfigurationBuilder::add_limit`].
+    error: Option<ConfigError>,
 }
 
 impl ConfigurationBuilder {
-    /// Adds a limit.
+    /// Adds a limit configured by a closure on a [`BandwidthBuilder`] (Bucket4j's
+    /// `addLimit(limit -> limit.capacity(…)…)`). A limit that does not build makes
+    /// [`build`](Self::build) fail with its error (the first one, if several do).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{BucketConfiguration, ConfigError}; use core::time::Duration;
+    /// let c = BucketConfiguration::builder()
+    ///     .add_limit(|l| l.capacity(20).refill_greedy(20, Duration::from_secs(60)).id("minute"))
+    ///     .build()?;
+    /// assert_eq!(c.bandwidths()[0].id(), Some("minute"));
+    ///
+    /// let bad = BucketConfiguration::builder()
+    ///     .add_limit(|l| l.capacity(0).refill_greedy(1, Duration::from_secs(1)))
+    ///     .build();
+    /// assert_eq!(bad, Err(ConfigError::ZeroCapacity));
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn add_limit(self, limit: impl FnOnce(BandwidthBuilder) -> BandwidthBuilder) -> Self {
+        match limit(Bandwidth::builder()).build() {
+            Ok(b) => self.add_bandwidth(b),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Adds a prebuilt limit (Bucket4j's `addLimit(Bandwidth)`).
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use core::time::Duration;
-    /// let b = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?);
-    /// assert!(b.build().is_ok());
+    /// let c = BucketConfiguration::builder()
+    ///     .add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?)
+    ///     .build()?;
+    /// assert_eq!(c.bandwidths()[0].capacity(), 5);
     /// # Ok::<(), bucket4rs_core::ConfigError>(())
     /// ```
-    pub fn add_limit(mut self, bandwidth: Bandwidth) -> Self {
+    pub fn add_bandwidth(mut self, bandwidth: Bandwidth) -> Self {
         self.bandwidths.push(bandwidth);
+        self
+    }
+
+    /// Keeps the first error, for `build`.
+    fn fail(mut self, error: ConfigError) -> Self {
+        self.error.get_or_insert(error);
         self
     }
 
     /// Validates and builds the configuration.
     ///
     /// # Errors
+    /// The error of the first limit [`add_limit`](Self::add_limit) could not build, else
     /// [`ConfigError::NoBandwidths`] or [`ConfigError::DuplicateId`].
     ///
     /// ```
@@ -636,6 +681,9 @@ impl ConfigurationBuilder {
     /// assert_eq!(BucketConfiguration::builder().build(), Err(ConfigError::NoBandwidths));
     /// ```
     pub fn build(self) -> Result<BucketConfiguration, ConfigError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
         BucketConfiguration::new(self.bandwidths)
     }
 }

@@ -126,7 +126,7 @@ impl core::error::Error for ConfigError {}
 /// use core::time::Duration;
 ///
 /// let config = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::simple(10, Duration::from_secs(1)).unwrap())
+///     .add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1)).unwrap())
 ///     .build()
 ///     .unwrap();
 /// let mut state = BucketState::new(&config, 0);

@@ -11,11 +11,11 @@
 //! this crate by its test suite.
 //!
 //! ```
-//! use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState};
+//! use bucket4rs_core::{BucketConfiguration, BucketState};
 //! use core::time::Duration;
 //!
 //! let config = BucketConfiguration::builder()
-//!     .add_limit(Bandwidth::simple(20, Duration::from_secs(60))?) // 20 per minute
+//!     .add_limit(|l| l.capacity(20).refill_greedy(20, Duration::from_secs(60))) // 20 per minute
 //!     .build()?;
 //! let mut state = BucketState::new(&config, 0);
 //! assert!(state.apply(&config, 0, &bucket4rs_core::ops::TryConsume(20))?);

@@ -11,7 +11,7 @@
 //! use core::time::Duration;
 //!
 //! let config = BucketConfiguration::builder()
-//!     .add_limit(Bandwidth::simple(10, Duration::from_secs(1))?)
+//!     .add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?)
 //!     .build()?;
 //! let mut slot = BucketState::new(&config, 0).bandwidths()[0];
 //! let cell = core::cell::Cell::new(slot);
@@ -48,7 +48,7 @@ impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
     /// # use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let state = BucketState::new(&config, 0);
     /// let view = Refilled::new(&config, 0, |i| state.bandwidths()[i]);
     /// assert_eq!(view.available(), 10);
@@ -72,7 +72,7 @@ impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// # let state = BucketState::new(&config, 0);
     /// assert_eq!(Refilled::new(&config, 0, |i| state.bandwidths()[i]).configuration(), &config);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -86,7 +86,7 @@ impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// # let state = BucketState::new(&config, 0);
     /// assert_eq!(Refilled::new(&config, 42, |i| state.bandwidths()[i]).now(), 42);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -100,7 +100,7 @@ impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// # let state = BucketState::new(&config, 0);
     /// assert_eq!(Refilled::new(&config, 0, |i| state.bandwidths()[i]).len(), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -115,7 +115,7 @@ impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// # let state = BucketState::new(&config, 0);
     /// assert_eq!(Refilled::new(&config, 0, |i| state.bandwidths()[i]).get(0).tokens(), 10);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -143,7 +143,7 @@ impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// # let state = BucketState::new(&config, 0);
     /// assert_eq!(Refilled::new(&config, 0, |i| state.bandwidths()[i]).available(), 10);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -158,7 +158,7 @@ impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// # let state = BucketState::new(&config, 0);
     /// let view = Refilled::new(&config, 0, |i| state.bandwidths()[i]);
     /// assert_eq!(view.request_wait(11, true), i64::MAX as u64);
@@ -177,7 +177,7 @@ impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// # let state = BucketState::new(&config, 0);
     /// let view = Refilled::new(&config, 0, |i| state.bandwidths()[i]);
     /// assert_eq!(view.reset_wait(0), 0);
@@ -286,7 +286,7 @@ impl Mutation {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::{AvailableTokens, Operation, Refilled}};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// # let state = BucketState::new(&config, 0);
 /// let view = Refilled::new(&config, 0, |i| state.bandwidths()[i]);
 /// let (available, change) = AvailableTokens.plan(&view)?;
@@ -376,7 +376,7 @@ pub type Scaled<T> = Result<(T, Option<ScaledState>), OperationError>;
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let state = BucketState::new(&config, 0);
 /// let plan = ops::plan(&bucket4rs_core::ops::TryConsume(4), &config, 0, |i| state.bandwidths()[i])?;
 /// assert!(plan.changes());
@@ -407,7 +407,7 @@ impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// # let state = BucketState::new(&config, 0);
     /// assert!(!ops::plan(&bucket4rs_core::ops::AvailableTokens, &config, 0, |i| state.bandwidths()[i])?.changes());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -425,7 +425,7 @@ impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// # let state = BucketState::new(&config, 0);
     /// let mut calls = 0;
     /// ops::plan(&bucket4rs_core::ops::Reset, &config, 0, |i| state.bandwidths()[i])?.write(|_, _| calls += 1);
@@ -450,7 +450,7 @@ impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// # let state = BucketState::new(&config, 0);
     /// assert_eq!(ops::plan(&bucket4rs_core::ops::AvailableTokens, &config, 0, |i| state.bandwidths()[i])?.into_output(), 10);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -469,7 +469,7 @@ impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// # let state = BucketState::new(&config, 0);
 /// assert!(ops::plan(&bucket4rs_core::ops::TryConsume(0), &config, 0, |i| state.bandwidths()[i]).is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -508,7 +508,7 @@ where
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let state = BucketState::new(&config, 0);
 /// let (taken, new) = ops::plan_one(&bucket4rs_core::ops::TryConsume(3), &config, 0, || state.bandwidths()[0])
 ///     .expect("one bandwidth, and try_consume has a shortcut")?;
@@ -547,7 +547,7 @@ where
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops}; use bucket4rs_core::__private::{ScaledState};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let b = &config.bandwidths()[0];
 /// let s = ScaledState::from_state(b, BucketState::new(&config, 0).bandwidths()[0]).expect("fits");
 /// let (taken, new) = ops::plan_scaled(&bucket4rs_core::ops::TryConsume(3), b, 0, s).expect("shortcut")?;
@@ -593,7 +593,7 @@ pub struct Take<T> {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let state = BucketState::new(&config, 0);
 /// let mut written = 0;
 /// let ok = ops::execute(&bucket4rs_core::ops::TryConsume(1), &config, 0, |i| state.bandwidths()[i], |_, _| written += 1)?;
@@ -632,7 +632,7 @@ fn check_tokens(n: u64) -> Result<u64, OperationError> {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::TryConsume};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// assert!(!state.apply(&config, 0, &TryConsume(11))?);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -708,7 +708,7 @@ impl Operation for TryConsume {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// let probe = state.apply(&config, 0, &bucket4rs_core::ops::TryConsumeAndReturnRemaining(11))?;
 /// assert!(!probe.is_consumed());
@@ -800,6 +800,63 @@ impl ConsumptionProbe {
     pub const fn wait_for_reset(&self) -> Duration {
         Duration::from_nanos(self.nanos_to_wait_for_reset)
     }
+
+    /// Whether the request can never be served as it stands: it was refused and its wait is
+    /// [`MAX_NANOS`](crate::MAX_NANOS), because it asks for more tokens than a limit's
+    /// capacity (or the wait would exceed ~292 years). Retrying cannot help, so an HTTP
+    /// server should not answer it with `429` and a `Retry-After`, but as a bad request or
+    /// a misconfigured cost.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{BucketConfiguration, BucketState};
+    /// use bucket4rs_core::ops::{TryConsume, TryConsumeAndReturnRemaining};
+    /// # use core::time::Duration;
+    /// let config = BucketConfiguration::builder()
+    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+    ///     .build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// assert!(state.apply(&config, 0, &TryConsumeAndReturnRemaining(11))?.is_never_possible());
+    /// state.apply(&config, 0, &TryConsume(10))?;
+    /// assert!(!state.apply(&config, 0, &TryConsumeAndReturnRemaining(10))?.is_never_possible()); // in 1 s
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub const fn is_never_possible(&self) -> bool {
+        !self.consumed && self.nanos_to_wait_for_refill >= crate::MAX_NANOS
+    }
+
+    /// The value of an HTTP `Retry-After` header for this probe: `None` when the tokens were
+    /// consumed; otherwise the wait for refill in whole seconds, **rounded up** and at least
+    /// 1, so a client that waits that long is served. (The usual Java conversion,
+    /// `nanosToWaitForRefill / 1_000_000_000` or `TimeUnit.NANOSECONDS.toSeconds`, truncates a
+    /// 0.4 s wait to 0; so does `wait_for_refill().as_secs()`.) Saturating: a request that
+    /// [can never be served](Self::is_never_possible) answers the largest value,
+    /// `Some(9_223_372_037)` (`MAX_NANOS` rounded up to seconds); check `is_never_possible`
+    /// first to answer such a request differently.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{BucketConfiguration, BucketState};
+    /// use bucket4rs_core::ops::TryConsumeAndReturnRemaining;
+    /// # use core::time::Duration;
+    /// let config = BucketConfiguration::builder()
+    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(4))) // 1 per 400 ms
+    ///     .build()?;
+    /// let mut state = BucketState::new(&config, 0);
+    /// let probe = state.apply(&config, 0, &TryConsumeAndReturnRemaining(10))?;
+    /// assert_eq!(probe.retry_after_secs(), None); // consumed: no header
+    /// let probe = state.apply(&config, 0, &TryConsumeAndReturnRemaining(1))?;
+    /// assert_eq!(probe.wait_for_refill(), Duration::from_millis(400));
+    /// assert_eq!(probe.wait_for_refill().as_secs(), 0); // the pitfall: "retry in 0 s"
+    /// assert_eq!(probe.retry_after_secs(), Some(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "retry_after")]
+    pub const fn retry_after_secs(&self) -> Option<u64> {
+        if self.consumed {
+            return None;
+        }
+        let secs = self.nanos_to_wait_for_refill.div_ceil(1_000_000_000);
+        Some(if secs == 0 { 1 } else { secs })
+    }
 }
 
 /// Consume `n` tokens if possible, reporting remaining tokens and waits.
@@ -807,7 +864,7 @@ impl ConsumptionProbe {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::TryConsumeAndReturnRemaining};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// let probe = state.apply(&config, 0, &TryConsumeAndReturnRemaining(4))?;
 /// assert_eq!(probe.remaining_tokens(), 6);
@@ -948,7 +1005,7 @@ impl EstimationProbe {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::EstimateAbilityToConsume};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// assert!(state.apply(&config, 0, &EstimateAbilityToConsume(10))?.can_be_consumed());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -1000,7 +1057,7 @@ impl Operation for EstimateAbilityToConsume {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::TryConsumeAsMuchAsPossible};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// assert_eq!(state.apply(&config, 0, &TryConsumeAsMuchAsPossible(None))?, 10);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -1038,7 +1095,7 @@ impl Operation for TryConsumeAsMuchAsPossible {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::{AddTokens, TryConsume}};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// state.apply(&config, 0, &TryConsume(5))?;
 /// state.apply(&config, 0, &AddTokens(2))?;
@@ -1063,7 +1120,7 @@ impl Operation for AddTokens {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::ForceAddTokens};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// state.apply(&config, 0, &ForceAddTokens(2))?;
 /// assert_eq!(state.available_tokens(&config, 0), 12);
@@ -1087,7 +1144,7 @@ impl Operation for ForceAddTokens {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::{Reset, TryConsume}};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// state.apply(&config, 0, &TryConsume(5))?;
 /// state.apply(&config, 0, &Reset)?;
@@ -1112,7 +1169,7 @@ impl Operation for Reset {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::AvailableTokens};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// assert_eq!(state.apply(&config, 0, &AvailableTokens)?, 10);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -1142,7 +1199,7 @@ impl Operation for AvailableTokens {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::ConsumeIgnoringRateLimits};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// assert_eq!(state.apply(&config, 0, &ConsumeIgnoringRateLimits(11))?, 100_000_000);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -1176,7 +1233,7 @@ impl Operation for ConsumeIgnoringRateLimits {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Reserve};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// let op = Reserve { tokens: 20, max_wait_nanos: u64::MAX };
 /// assert_eq!(state.apply(&config, 0, &op)?, Some(1_000_000_000));
@@ -1220,7 +1277,7 @@ impl Operation for Reserve {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::{TryConsume, Verbose}};
 /// # use core::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// let (consumed, after) = state.apply(&config, 0, &Verbose(TryConsume(3)))?;
 /// assert!(consumed);

@@ -459,7 +459,7 @@ impl core::error::Error for CompactStop {}
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, BucketState, StateError};
 /// # use core::time::Duration;
-/// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+/// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
 /// let state = BucketState::from_bandwidths(vec![]);
 /// assert_eq!(state.check(&config), Err(StateError::BandwidthCount { expected: 1, found: 0 }));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -508,7 +508,7 @@ impl core::error::Error for StateError {}
 /// use core::time::Duration;
 ///
 /// let config = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::simple(10, Duration::from_secs(1))?)
+///     .add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?)
 ///     .build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// assert!(state.apply(&config, 0, &bucket4rs_core::ops::TryConsume(10))?);
@@ -557,7 +557,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
     /// assert_eq!(BucketState::new(&config, 0).available_tokens(&config, 0), 4);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -594,7 +594,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
     /// assert_eq!(BucketState::new(&config, 0).bandwidths()[0].tokens(), 4);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -607,7 +607,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// state.bandwidths_mut()[0] = BandwidthState::from_parts(0, 1, 0);
     /// assert_eq!(state.bandwidths()[0].tokens(), 1);
@@ -625,7 +625,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
     /// assert!(BucketState::new(&config, 0).check(&config).is_ok());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -668,7 +668,7 @@ impl BucketState {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
     /// let config = BucketConfiguration::builder()
-    ///     .add_limit(Bandwidth::simple(10, Duration::from_secs(10))?) // one token a second
+    ///     .add_bandwidth(Bandwidth::simple(10, Duration::from_secs(10))?) // one token a second
     ///     .build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// assert_eq!(state.forgettable_at(&config, 0), Some(0)); // full, like a fresh bucket
@@ -676,7 +676,7 @@ impl BucketState {
     /// assert_eq!(state.forgettable_at(&config, 0), Some(3_000_000_000)); // full again at 3 s
     ///
     /// let short = BucketConfiguration::builder()
-    ///     .add_limit(Bandwidth::builder().capacity(10).refill_greedy(10, Duration::from_secs(10)).initial_tokens(0).build()?)
+    ///     .add_bandwidth(Bandwidth::builder().capacity(10).refill_greedy(10, Duration::from_secs(10)).initial_tokens(0).build()?)
     ///     .build()?;
     /// assert_eq!(BucketState::new(&short, 0).forgettable_at(&short, 60_000_000_000), None);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -702,7 +702,7 @@ impl BucketState {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::TryConsume};
     /// # use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(4, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// assert!(state.apply(&config, 0, &TryConsume(3))?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -728,7 +728,7 @@ impl BucketState {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// state.apply(&config, 0, &bucket4rs_core::ops::ConsumeIgnoringRateLimits(13))?;
     /// assert_eq!(state.available_tokens(&config, 0), -3);
@@ -751,8 +751,8 @@ impl BucketState {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, TokensInheritanceStrategy};
     /// # use core::time::Duration;
-    /// let old = BucketConfiguration::builder().add_limit(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
-    /// let new = BucketConfiguration::builder().add_limit(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
+    /// let old = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
+    /// let new = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
     /// let mut state = BucketState::new(&old, 0);
     /// state.apply(&old, 0, &bucket4rs_core::ops::TryConsume(60))?;
     /// let state = state.replace_configuration(&old, &new, 0, TokensInheritanceStrategy::Proportionally, false)?;

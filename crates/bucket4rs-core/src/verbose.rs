@@ -21,7 +21,7 @@ use crate::state::BucketState;
 /// use core::time::Duration;
 ///
 /// let config = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::simple(10, Duration::from_secs(10))?)
+///     .add_bandwidth(Bandwidth::simple(10, Duration::from_secs(10))?)
 ///     .build()?;
 /// let mut state = BucketState::new(&config, 0);
 /// let taken = state.apply(&config, 0, &bucket4rs_core::ops::TryConsume(4))?;
@@ -32,6 +32,7 @@ use crate::state::BucketState;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[doc(alias = "diagnostics")]
 pub struct VerboseResult<T> {
     value: T,
     configuration: BucketConfiguration,
@@ -46,7 +47,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// let r = VerboseResult::new("x", config.clone(), BucketState::new(&config, 5), 5);
     /// assert_eq!((*r.value(), r.now_nanos()), ("x", 5));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -71,7 +72,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// assert_eq!(*VerboseResult::new(7, config.clone(), BucketState::new(&config, 0), 0).value(), 7);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -84,7 +85,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// assert_eq!(VerboseResult::new(7, config.clone(), BucketState::new(&config, 0), 0).into_value(), 7);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -97,7 +98,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// let r = VerboseResult::new(7, config.clone(), BucketState::new(&config, 0), 0).map(|v| v * 2);
     /// assert_eq!(*r.value(), 14);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -116,7 +117,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// let r = VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 0);
     /// assert_eq!(r.configuration(), &config);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -131,7 +132,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// let r = VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 0);
     /// assert_eq!(r.state().bandwidths()[0].tokens(), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -146,7 +147,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// assert_eq!(VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 42).now_nanos(), 42);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -168,7 +169,7 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let r = VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 0);
     /// assert_eq!(r.available_tokens(), 10);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -183,13 +184,14 @@ impl<T> VerboseResult<T> {
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
     /// let config = BucketConfiguration::builder()
-    ///     .add_limit(Bandwidth::simple(10, Duration::from_secs(1))?)
-    ///     .add_limit(Bandwidth::simple(100, Duration::from_secs(60))?)
+    ///     .add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?)
+    ///     .add_bandwidth(Bandwidth::simple(100, Duration::from_secs(60))?)
     ///     .build()?;
     /// let r = VerboseResult::new((), config.clone(), BucketState::new(&config, 0), 0);
     /// assert_eq!(r.available_tokens_per_bandwidth(), [10, 100]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(alias = "available_tokens_per_each_bandwidth")]
     pub fn available_tokens_per_bandwidth(&self) -> Vec<i64> {
         let view = self.view();
         (0..view.len()).map(|i| view.get(i).tokens()).collect()
@@ -201,13 +203,14 @@ impl<T> VerboseResult<T> {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, VerboseResult};
     /// # use core::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
     /// let mut state = BucketState::new(&config, 0);
     /// state.apply(&config, 0, &bucket4rs_core::ops::TryConsume(5))?;
     /// let r = VerboseResult::new((), config, state, 0);
     /// assert_eq!(r.time_until_full(), Duration::from_millis(500));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(alias = "calculate_full_refilling_time")]
     pub fn time_until_full(&self) -> Duration {
         Duration::from_nanos(self.view().reset_wait(0))
     }

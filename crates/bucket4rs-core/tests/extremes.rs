@@ -549,14 +549,14 @@ fn every_config_error_is_reachable_from_the_builders() {
         ),
         (
             BucketConfiguration::builder()
-                .add_limit(
+                .add_bandwidth(
                     b().capacity(1)
                         .refill_greedy(1, one)
                         .id("a")
                         .build()
                         .unwrap(),
                 )
-                .add_limit(
+                .add_bandwidth(
                     b().capacity(2)
                         .refill_greedy(1, one)
                         .id("a")

@@ -1231,7 +1231,7 @@ proptest! {
             .id("a")
             .build()
             .unwrap();
-        let new = BucketConfiguration::builder().add_limit(aligned).build().unwrap();
+        let new = BucketConfiguration::builder().add_bandwidth(aligned).build().unwrap();
         for strategy in [
             TokensInheritanceStrategy::Proportionally,
             TokensInheritanceStrategy::AsIs,

@@ -32,7 +32,7 @@ fn config() -> impl Strategy<Value = BucketConfiguration> {
         };
         let bandwidth = b.build().ok()?;
         BucketConfiguration::builder()
-            .add_limit(bandwidth)
+            .add_bandwidth(bandwidth)
             .build()
             .ok()
     })
@@ -58,7 +58,7 @@ fn greedy(capacity: u64, tokens: u64, period_nanos: u64) -> BucketConfiguration 
         .build()
         .expect("valid");
     BucketConfiguration::builder()
-        .add_limit(b)
+        .add_bandwidth(b)
         .build()
         .expect("valid")
 }
@@ -214,14 +214,14 @@ proptest! {
 fn the_shortcut_is_taken_only_for_one_bandwidth() {
     let one = Bandwidth::simple(10, Duration::from_secs(1)).expect("valid");
     let two = BucketConfiguration::builder()
-        .add_limit(one.clone())
-        .add_limit(Bandwidth::simple(100, Duration::from_secs(60)).expect("valid"))
+        .add_bandwidth(one.clone())
+        .add_bandwidth(Bandwidth::simple(100, Duration::from_secs(60)).expect("valid"))
         .build()
         .expect("valid");
     let s = BandwidthState::from_parts(0, 5, 0);
     assert!(bucket4rs_core::__private::plan_one(&TryConsume(1), &two, 0, || s).is_none());
     let single = BucketConfiguration::builder()
-        .add_limit(one)
+        .add_bandwidth(one)
         .build()
         .expect("valid");
     assert!(bucket4rs_core::__private::plan_one(&TryConsume(1), &single, 0, || s).is_some());

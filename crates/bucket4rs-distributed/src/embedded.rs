@@ -50,7 +50,7 @@ type SharedClock = Arc<dyn Clock + Send + Sync>;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
 /// let manager = ProxyManager::new(EmbeddedBackend::new().with_max_keys(100_000)?);
 /// let config = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::simple(2, Duration::from_secs(60))?)
+///     .add_bandwidth(Bandwidth::simple(2, Duration::from_secs(60))?)
 ///     .build()?;
 /// let bucket = manager.builder().build("ip:10.0.0.7", move || config.clone())?;
 /// assert!(bucket.try_consume(2).await?);

@@ -277,7 +277,7 @@ impl StdError for BackendError {
 /// use std::time::Duration;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
 /// let manager = ProxyManager::new(EmbeddedBackend::new());
-/// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+/// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
 /// let bucket = manager.builder().build("k", move || config.clone())?;
 /// let err = bucket.try_consume(0).await.unwrap_err();
 /// assert_eq!(err, DistributedError::Operation(OperationError::ZeroTokens));

@@ -18,7 +18,7 @@
 //! use bucket4rs_distributed::format;
 //! use std::time::Duration;
 //!
-//! let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+//! let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 //! let state = BucketState::new(&config, 7);
 //! let bytes = format::encode(&config, &state);
 //! let record = format::decode(&bytes)?;
@@ -59,7 +59,7 @@ const F_ID: u8 = 4;
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState};
 /// # use bucket4rs_distributed::format; use std::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let record = format::decode(&format::encode(&config, &BucketState::new(&config, 0)))?;
 /// assert_eq!(record.state.bandwidths()[0].tokens(), 10);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -96,7 +96,7 @@ fn checksum(bytes: &[u8], n: usize) -> u32 {
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState};
 /// # use bucket4rs_distributed::format; use std::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let bytes = format::encode(&config, &BucketState::new(&config, 0));
 /// assert_eq!(&bytes[..5], b"b4rs\x01");
 /// assert_eq!(bytes.len(), format::HEADER_LEN + format::BLOCK_LEN);

@@ -28,7 +28,7 @@
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
 //! let manager = ProxyManager::new(EmbeddedBackend::new());
 //! let config = BucketConfiguration::builder()
-//!     .add_limit(Bandwidth::simple(100, Duration::from_secs(60))?)
+//!     .add_bandwidth(Bandwidth::simple(100, Duration::from_secs(60))?)
 //!     .build()?;
 //! let bucket = manager.builder().build("tenant-7", move || config.clone())?;
 //! let probe = bucket.try_consume_and_return_remaining(1).await?;

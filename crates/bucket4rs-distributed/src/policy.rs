@@ -77,8 +77,8 @@ enum Kind {
 /// use std::time::Duration;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
 /// let manager = ProxyManager::new(EmbeddedBackend::new());
-/// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
-/// let local = BucketConfiguration::builder().add_limit(Bandwidth::simple(2, Duration::from_secs(1))?).build()?;
+/// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let local = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(2, Duration::from_secs(1))?).build()?;
 /// let policy = FailurePolicy::fallback(local)?;
 /// let bucket = manager.builder().build("k", move || config.clone())?;
 /// assert!(policy.try_consume(&bucket, 1).await?.is_allowed());
@@ -115,7 +115,7 @@ impl FailurePolicy {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
-    /// let local = BucketConfiguration::builder().add_limit(Bandwidth::simple(2, Duration::from_secs(1))?).build()?;
+    /// let local = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(2, Duration::from_secs(1))?).build()?;
     /// let p = bucket4rs_distributed::FailurePolicy::fallback(local);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -138,7 +138,7 @@ impl FailurePolicy {
     /// # use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert_eq!(FailurePolicy::deny().try_consume(&bucket, 1).await?, Decision::Remote(true));
     /// assert_eq!(FailurePolicy::deny().try_consume(&bucket, 1).await?, Decision::Remote(false));
@@ -167,7 +167,7 @@ impl FailurePolicy {
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
     /// use bucket4rs_distributed::{Decision, DistributedError, FailurePolicy};
-    /// let local = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(60))?).build()?;
+    /// let local = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(60))?).build()?;
     /// let policy = FailurePolicy::fallback(local)?;
     /// let down = || DistributedError::Timeout { after: Duration::from_secs(1) };
     /// assert_eq!(policy.on_failure(b"client", 1, down())?, Decision::Fallback(true));

@@ -143,7 +143,7 @@ impl Script {
 /// let backend = RedisBackend::connect("redis://127.0.0.1:6379", RedisOptions::default()).await?;
 /// let manager = ProxyManager::configure(backend).key_prefix("api").build()?;
 /// let config = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::simple(100, Duration::from_secs(60))?)
+///     .add_bandwidth(Bandwidth::simple(100, Duration::from_secs(60))?)
 ///     .build()?;
 /// let bucket = manager.builder().build("tenant-1", move || config.clone())?;
 /// if !bucket.try_consume(1).await? {

@@ -47,7 +47,34 @@ pub struct Bucket<S = LockFree, C = FastClock, L = NoopListener> {
 pub type LockFreeBucket<C = FastClock, L = NoopListener> = Bucket<LockFree, C, L>;
 /// A bucket behind a `parking_lot` mutex.
 pub type SynchronizedBucket<C = FastClock, L = NoopListener> = Bucket<Synchronized, C, L>;
-/// A single-threaded bucket: `Send` but not `Sync`.
+/// A single-threaded bucket: `Send` but not `Sync`, so sharing it between threads does not
+/// compile (the compiler then suggests a `RwLock` or a `Mutex`; the answer is a bucket built
+/// to be shared: [`BucketBuilder::build`] for a lock-free one, or
+/// [`BucketBuilder::build_synchronized`]).
+///
+/// ```compile_fail,E0277
+/// # use bucket4rs_local::Bucket; use std::time::Duration;
+/// let bucket = Bucket::builder()
+///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+///     .build_unsynchronized()?;
+/// std::thread::scope(|s| {
+///     s.spawn(|| bucket.try_consume(1)); // `RefCell<…>` cannot be shared between threads safely
+/// });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// ```
+/// # use bucket4rs_local::Bucket; use std::time::Duration;
+/// let bucket = Bucket::builder()
+///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+///     .build()?; // lock-free: shared as it is
+/// std::thread::scope(|s| {
+///     s.spawn(|| bucket.try_consume(1));
+///     s.spawn(|| bucket.try_consume(1));
+/// });
+/// assert_eq!(bucket.available_tokens(), 8);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub type UnsyncBucket<C = FastClock, L = NoopListener> = Bucket<Unsynchronized, C, L>;
 
 impl Bucket {
@@ -353,7 +380,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// # use std::time::Duration;
     /// let bucket = Bucket::builder().add_limit(|l| l.capacity(100).refill_greedy(100, Duration::from_secs(60))).build()?;
     /// bucket.try_consume(60)?;
-    /// let pro = BucketConfiguration::builder().add_limit(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
+    /// let pro = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
     /// bucket.replace_configuration(pro, TokensInheritanceStrategy::Proportionally)?;
     /// assert_eq!(bucket.available_tokens(), 80);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -517,7 +544,7 @@ impl BucketSnapshot {
     ///
     /// ```
     /// # use bucket4rs_local::{Bandwidth, BucketConfiguration, BucketSnapshot, BucketState}; use std::time::Duration;
-    /// let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
     /// let s = BucketSnapshot::new(c.clone(), BucketState::new(&c, 0));
     /// assert_eq!(s.configuration(), &c);
     /// # Ok::<(), Box<dyn std::error::Error>>(())

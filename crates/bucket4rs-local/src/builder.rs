@@ -105,7 +105,7 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
     ///
     /// ```
     /// # use bucket4rs_local::{Bandwidth, Bucket, BucketConfiguration}; use std::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
     /// let bucket = Bucket::builder().with_configuration(&config).build()?;
     /// assert_eq!(bucket.configuration(), config);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -137,8 +137,11 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
     }
 
     /// Sets the clock (default [`FastClock`]); e.g. a
-    /// [`ManualClock`](bucket4rs_core::ManualClock) in tests, or
-    /// [`SystemMillisClock`](bucket4rs_core::SystemMillisClock) for Bucket4j's time meter.
+    /// [`ManualClock`](bucket4rs_core::ManualClock) in tests,
+    /// [`SystemMillisClock`](bucket4rs_core::SystemMillisClock) for Bucket4j's default time
+    /// meter (`withMillisecondPrecision`), or
+    /// [`MonotonicClock`](bucket4rs_core::MonotonicClock) for its `SYSTEM_NANOTIME`
+    /// (`withNanosecondPrecision`).
     ///
     /// ```
     /// # use bucket4rs_local::{Bucket, MonotonicClock}; use std::time::Duration;
@@ -149,6 +152,9 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
     /// assert!(bucket.try_consume(1)?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(alias = "with_nanosecond_precision")]
+    #[doc(alias = "with_millisecond_precision")]
+    #[doc(alias = "with_custom_time_precision")]
     pub fn with_clock<C2: Clock>(self, clock: C2) -> BucketBuilder<C2, L> {
         BucketBuilder {
             limits: self.limits,
@@ -245,7 +251,12 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
         self.build_storage()
     }
 
-    /// Builds a single-threaded bucket (not `Sync`).
+    /// Builds a single-threaded bucket (Bucket4j's `SynchronizationStrategy.NONE`): `Send` but
+    /// not `Sync`, so it cannot be shared between threads; the compiler says so where it would
+    /// be. To share a bucket, build it with [`build`](Self::build) (lock-free, no locking
+    /// needed, put it in an `Arc` or a `static`) or [`build_synchronized`](Self::build_synchronized)
+    /// instead of wrapping this one in a lock: the compiler's advice to use a `RwLock` or a
+    /// `Mutex` works, but it is a slower synchronized bucket.
     ///
     /// # Errors
     /// See [`build`](Self::build).
@@ -276,6 +287,7 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
     /// assert!(b.try_consume(1)?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(alias = "with_synchronization_strategy")]
     pub fn build_with(
         self,
         strategy: SynchronizationStrategy,

@@ -18,6 +18,10 @@ use crate::storage::Storage;
 /// more than the plain API (the configuration and state are copied out), so use it where the
 /// answer needs them, as for rate-limit response headers.
 ///
+/// Every operation of [`Bucket`] is here but `replace_configuration`: call it on the bucket,
+/// then read the new state verbosely (for example with
+/// [`available_tokens`](Self::available_tokens)).
+///
 /// ```
 /// use bucket4rs_local::Bucket;
 /// use std::time::Duration;
@@ -217,6 +221,34 @@ impl<'a, S: Storage, C: Clock, L: BucketListener> VerboseBucket<'a, S, C, L> {
     ) -> Result<VerboseResult<Duration>, OperationError> {
         let r = self.execute(ops::ConsumeIgnoringRateLimits(tokens))?;
         Ok(r.map(Duration::from_nanos))
+    }
+
+    /// [`Bucket::reserve`], verbosely: the value is the wait for the reserved tokens, or
+    /// `None` when the wait would exceed `max_wait` (nothing taken). The primitive behind the
+    /// verbose blocking and async views.
+    ///
+    /// # Errors
+    /// [`OperationError::ZeroTokens`], or [`OperationError::ZeroMaxWait`] for a zero
+    /// `max_wait`.
+    ///
+    /// ```
+    /// # use bucket4rs_local::Bucket; use std::time::Duration;
+    /// # let bucket = Bucket::builder().add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1))).build()?;
+    /// let r = bucket.as_verbose().reserve(15, Duration::from_secs(1))?;
+    /// assert_eq!((*r.value(), r.available_tokens()), (Some(Duration::from_millis(500)), -5));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reserve(
+        &self,
+        tokens: u64,
+        max_wait: Duration,
+    ) -> Result<VerboseResult<Option<Duration>>, OperationError> {
+        let op = ops::Reserve {
+            tokens,
+            max_wait_nanos: u64::try_from(max_wait.as_nanos()).unwrap_or(u64::MAX),
+        };
+        let r = self.execute(op)?;
+        Ok(r.map(|w| w.map(Duration::from_nanos)))
     }
 
     /// An operation that never fails (no argument to check).

@@ -77,7 +77,7 @@ fn config(capacity: u64, tokens: u64, period: u64, initial: Option<u64>) -> Buck
         None => b,
     };
     BucketConfiguration::builder()
-        .add_limit(b.build().expect("valid"))
+        .add_bandwidth(b.build().expect("valid"))
         .build()
         .expect("valid")
 }

@@ -189,7 +189,7 @@ fn consume_and_replace_keep_the_balance() {
 fn consume_and_replace(b: &Arc<LockFreeBucket<ManualClock>>) {
     {
         let bigger = BucketConfiguration::builder()
-            .add_limit(
+            .add_bandwidth(
                 Bandwidth::builder()
                     .capacity(20)
                     .refill_greedy(1, Duration::from_secs(3600))

@@ -243,7 +243,7 @@ fn replace_while_consuming(clock: ManualClock) {
         .build()
         .expect("valid");
     let other = bucket4rs_local::BucketConfiguration::builder()
-        .add_limit(
+        .add_bandwidth(
             bucket4rs_local::Bandwidth::builder()
                 .capacity(10_000)
                 .refill_intervally(1, Duration::from_secs(7200))

@@ -466,7 +466,7 @@ mod tests {
         use std::time::Duration;
         let config = || {
             BucketConfiguration::builder()
-                .add_limit(Bandwidth::simple(5, Duration::from_secs(1)).unwrap())
+                .add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1)).unwrap())
                 .build()
                 .unwrap()
         };
@@ -479,7 +479,7 @@ mod tests {
         let id_named = Plan::new(
             "named",
             BucketConfiguration::builder()
-                .add_limit(
+                .add_bandwidth(
                     Bandwidth::builder()
                         .capacity(5)
                         .refill_greedy(5, Duration::from_secs(1))

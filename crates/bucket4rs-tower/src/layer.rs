@@ -55,7 +55,7 @@ enum StoreSpec {
 /// use bucket4rs_distributed::{EmbeddedBackend, FailurePolicy, ProxyManager};
 /// use bucket4rs_tower::{KeyExtractor, Plan, RateLimitLayer};
 /// use std::time::Duration;
-/// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(20, Duration::from_secs(60))?).build()?;
+/// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(20, Duration::from_secs(60))?).build()?;
 /// let layer = RateLimitLayer::builder()
 ///     .backend(ProxyManager::configure(EmbeddedBackend::new()).key_prefix("api").build()?)
 ///     .key(KeyExtractor::header("x-api-key"))
@@ -96,7 +96,7 @@ impl RateLimitLayerBuilder {
     /// ```
     /// # use bucket4rs_tower::{Plan, RateLimitLayer};
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
     /// let layer = RateLimitLayer::builder().plans(Plan::new("p", config)).max_keys(10_000).build()?;
     /// assert!(RateLimitLayer::builder().max_keys(0).build().is_err());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -117,7 +117,7 @@ impl RateLimitLayerBuilder {
     /// ```
     /// # use bucket4rs_tower::{Plan, RateLimitLayer};
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, ManualClock}; use std::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
     /// let clock = ManualClock::monotonic(0);
     /// let layer = RateLimitLayer::builder().plans(Plan::new("p", config)).clock(clock.clone()).build()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -237,7 +237,7 @@ impl RateLimitLayerBuilder {
     /// ```
     /// # use bucket4rs_tower::{Plan, RateLimitLayer};
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
     /// let layer = RateLimitLayer::builder().plans(Plan::new("p", config)).build()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -281,7 +281,7 @@ impl RateLimitLayerBuilder {
 /// ```
 /// # use bucket4rs_tower::{Plan, RateLimitLayer};
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
 /// let layer = RateLimitLayer::builder().plans(Plan::new("p", config)).build()?;
 /// let app = tower::ServiceBuilder::new().layer(layer.clone());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -329,7 +329,7 @@ impl RateLimitLayer {
     /// ```
     /// # use bucket4rs_tower::{Plan, RateLimitLayer};
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
     /// let layer = RateLimitLayer::builder().plans(Plan::new("p", config)).build()?;
     /// let store = layer.local_store().expect("in process by default");
     /// assert_eq!(store.available_tokens("some client")?, 5);

@@ -29,7 +29,7 @@
 //! use tower::{ServiceBuilder, ServiceExt};
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
 //! let per_minute = BucketConfiguration::builder()
-//!     .add_limit(Bandwidth::builder().capacity(2).refill_greedy(2, Duration::from_secs(60)).id("minute").build()?)
+//!     .add_bandwidth(Bandwidth::builder().capacity(2).refill_greedy(2, Duration::from_secs(60)).id("minute").build()?)
 //!     .build()?;
 //! let layer = RateLimitLayer::builder()
 //!     .key(KeyExtractor::header("x-api-key"))

@@ -32,8 +32,8 @@ struct Inner {
 /// use bucket4rs_tower::Plan;
 /// use std::time::Duration;
 /// let config = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::builder().capacity(20).refill_greedy(20, Duration::from_secs(60)).id("burst").build()?)
-///     .add_limit(Bandwidth::simple(1000, Duration::from_secs(86_400))?)
+///     .add_bandwidth(Bandwidth::builder().capacity(20).refill_greedy(20, Duration::from_secs(60)).id("burst").build()?)
+///     .add_bandwidth(Bandwidth::simple(1000, Duration::from_secs(86_400))?)
 ///     .build()?;
 /// let plan = Plan::new("free", config);
 /// assert_eq!(plan.policy_header(), r#""burst";q=20;w=60, "1";q=1000;w=86400"#);
@@ -63,7 +63,7 @@ impl Plan {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
-    /// let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
     /// assert_eq!(bucket4rs_tower::Plan::new("basic", c).name(), "basic");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -102,7 +102,7 @@ impl Plan {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
-    /// # let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// # let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
     /// assert_eq!(bucket4rs_tower::Plan::new("pro", c).name(), "pro");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -114,7 +114,7 @@ impl Plan {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
-    /// # let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// # let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
     /// assert_eq!(bucket4rs_tower::Plan::new("p", c.clone()).configuration(), &c);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -126,7 +126,7 @@ impl Plan {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
-    /// # let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// # let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
     /// assert_eq!(bucket4rs_tower::Plan::new("p", c).min_capacity(), 5);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -138,7 +138,7 @@ impl Plan {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
-    /// # let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// # let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
     /// assert_eq!(bucket4rs_tower::Plan::new("p", c).policy_header(), r#""0";q=5;w=1"#);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -150,7 +150,7 @@ impl Plan {
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
-    /// # let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// # let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
     /// assert_eq!(bucket4rs_tower::Plan::new("p", c).quotas()[0].quota(), 5);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -188,7 +188,7 @@ pub(crate) fn single(b: bucket4rs_core::Bandwidth) -> BucketConfiguration {
 /// use bucket4rs_core::{Bandwidth, BucketConfiguration};
 /// use bucket4rs_tower::{Plan, PlanResolver};
 /// use std::time::Duration;
-/// let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+/// let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
 /// let gold = Plan::new("gold", c);
 /// let resolver = move |key: &str| key.starts_with("gold-").then(|| gold.clone());
 /// assert_eq!(resolver.resolve("gold-1").unwrap().name(), "gold");
@@ -216,7 +216,7 @@ pub trait PlanResolver: Send + Sync + 'static {
     /// use bucket4rs_core::{Bandwidth, BucketConfiguration};
     /// use bucket4rs_tower::{Plan, PlanResolver};
     /// use std::time::Duration;
-    /// let c = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
     /// let basic = Plan::new("basic", c);
     /// assert_eq!(basic.fixed_plans(), Some(vec![basic.clone()]));
     /// let changing = move |_: &str| Some(basic.clone());

@@ -27,7 +27,7 @@ use crate::store::{
 /// use bucket4rs_core::{Bandwidth, BucketConfiguration};
 /// use std::time::Duration;
 /// use tower::Layer;
-/// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+/// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
 /// let layer = RateLimitLayer::builder().plans(Plan::new("free", config)).build()?;
 /// let svc = layer.layer(tower::service_fn(|_: http::Request<()>| async {
 ///     Ok::<_, std::convert::Infallible>(http::Response::new(bytes::Bytes::new()))

@@ -1,4 +1,4 @@
-use super::{check, forbidden_attribute, section_has};
+use super::{check, forbidden_attribute, java_names, not_reexports, section_has};
 
 /// The whole repository follows the conventions: `cargo test` fails otherwise.
 #[test]
@@ -32,4 +32,29 @@ fn reads_one_section_only() {
         "[lints]",
         "workspace = true"
     ));
+}
+
+#[test]
+fn the_facade_may_only_reexport() {
+    let ok = "//! Docs.\n#![forbid(unsafe_code)]\n\n/// A module.\n#[cfg(feature = \"x\")]\npub use a as b;\npub use c::{\n    D, E,\n};\n#[cfg(doctest)]\n#[doc = include_str!(\"../README.md\")]\nstruct Readme;\n";
+    assert!(not_reexports(ok).is_empty(), "{:?}", not_reexports(ok));
+    let bad = "pub use a::B;\npub fn helper() -> u8 {\n    1\n}\nstruct Hidden;\nuse private::X;\n";
+    assert_eq!(
+        not_reexports(bad),
+        [
+            "pub fn helper() -> u8 { 1 }",
+            "struct Hidden;",
+            "use private::X;"
+        ]
+    );
+}
+
+#[test]
+fn reads_the_first_column_of_a_section_s_tables() {
+    let md = "# Top\n## Coming from Bucket4j\n\ntext\n\n### Part\n\n| Bucket4j | bucket4rs |\n|---|---|\n| `a()` | `b` |\n| `c(\\|x\\| x)` | d |\n\n## Next\n\n| `e` | f |\n";
+    assert_eq!(
+        java_names(md, "## Coming from Bucket4j"),
+        ["`a()`", "`c(|x| x)`"]
+    );
+    assert!(java_names(md, "## Missing").is_empty());
 }

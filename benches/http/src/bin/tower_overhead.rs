@@ -65,7 +65,7 @@ fn main() {
             Ok::<_, Infallible>(Response::new(Bytes::from_static(b"{}")))
         });
         let big = BucketConfiguration::builder()
-            .add_limit(
+            .add_bandwidth(
                 Bandwidth::builder()
                     .capacity(1_000_000_000_000)
                     .refill_greedy(1_000_000_000, Duration::from_secs(1))
@@ -105,7 +105,7 @@ fn main() {
 
         // Key flood: `flood` distinct keys, each 1 token of 20 per minute, map capped at `cap`.
         let per_minute = BucketConfiguration::builder()
-            .add_limit(Bandwidth::simple(20, Duration::from_secs(60)).unwrap())
+            .add_bandwidth(Bandwidth::simple(20, Duration::from_secs(60)).unwrap())
             .build()
             .unwrap();
         let layer = RateLimitLayer::builder()

@@ -4,4 +4,5 @@ mod cancellation;
 mod listener;
 mod real_clock;
 mod support;
+mod verbose;
 mod virtual_time;

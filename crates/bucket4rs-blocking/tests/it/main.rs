@@ -6,3 +6,4 @@ mod listener;
 mod queue;
 mod real_clock;
 mod support;
+mod verbose;

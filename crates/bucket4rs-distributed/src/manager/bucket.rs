@@ -24,7 +24,7 @@ use crate::record::{Job, OpJob, OpTx, RemoteOp, ReplaceJob, Supplier};
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
 /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
 /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
 /// let bucket = manager.builder().build("k", move || config.clone())?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -48,7 +48,7 @@ impl<B: Backend> RemoteBucketBuilder<B> {
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// assert!(manager.builder().build([b'k'; 1000], move || config.clone()).is_err());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -75,7 +75,7 @@ impl<B: Backend> RemoteBucketBuilder<B> {
 /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
 /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(10, Duration::from_secs(60))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(60))?).build()?;
 /// let bucket = manager.builder().build("k", move || config.clone())?;
 /// let probe = bucket.try_consume_and_return_remaining(4).await?;
 /// assert!(probe.is_consumed());
@@ -114,7 +114,7 @@ impl<B: Backend> RemoteBucket<B> {
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert_eq!(bucket.key().as_str(), "bucket4rs:k");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -130,7 +130,7 @@ impl<B: Backend> RemoteBucket<B> {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert_eq!(bucket.verbose().available_tokens().await?.into_value(), 3);
     /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
@@ -149,7 +149,7 @@ impl<B: Backend> RemoteBucket<B> {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?.blocking(rt.handle().clone());
     /// assert!(bucket.block_on(|b| b.try_consume(1))?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -223,8 +223,8 @@ impl<B: Backend> RemoteBucket<B> {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// let small = BucketConfiguration::builder().add_limit(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
-    /// let big = BucketConfiguration::builder().add_limit(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
+    /// let small = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
+    /// let big = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || small.clone())?;
     /// bucket.try_consume(60).await?;
     /// bucket.replace_configuration(big, TokensInheritanceStrategy::Proportionally).await?;
@@ -253,7 +253,7 @@ impl<B: Backend> RemoteBucket<B> {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let c = config.clone();
     /// let bucket = manager.builder().build("k", move || c.clone())?;
     /// assert_eq!(bucket.configuration().await?, None);
@@ -276,7 +276,7 @@ impl<B: Backend> RemoteBucket<B> {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert_eq!(bucket.raw_record().await?, None);
     /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
@@ -300,7 +300,7 @@ impl<B: Backend> RemoteBucket<B> {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert_eq!(bucket.consume(2).await?, Duration::ZERO);
     /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
@@ -326,7 +326,7 @@ impl<B: Backend> RemoteBucket<B> {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert!(bucket.try_consume_within(3, Duration::from_millis(1)).await?);
     /// assert!(!bucket.try_consume_within(3, Duration::from_millis(1)).await?);
@@ -393,7 +393,7 @@ operations! {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert!(bucket.try_consume(3).await?);
     /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
@@ -408,7 +408,7 @@ operations! {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert_eq!(bucket.try_consume_and_return_remaining(1).await?.remaining_tokens(), 2);
     /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
@@ -424,7 +424,7 @@ operations! {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert!(!bucket.estimate_ability_to_consume(4).await?.can_be_consumed());
     /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
@@ -440,7 +440,7 @@ operations! {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert_eq!(bucket.try_consume_as_much_as_possible().await?, 3);
     /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
@@ -455,7 +455,7 @@ operations! {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert_eq!(bucket.try_consume_as_much_as_possible_with_limit(2).await?, 2);
     /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
@@ -471,7 +471,7 @@ operations! {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// bucket.add_tokens(5).await?;
     /// assert_eq!(bucket.available_tokens().await?, 3);
@@ -487,7 +487,7 @@ operations! {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// bucket.force_add_tokens(5).await?;
     /// assert_eq!(bucket.available_tokens().await?, 8);
@@ -503,7 +503,7 @@ operations! {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// bucket.try_consume(3).await?;
     /// bucket.reset().await?;
@@ -520,7 +520,7 @@ operations! {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert_eq!(bucket.available_tokens().await?, 3);
     /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
@@ -535,7 +535,7 @@ operations! {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert_eq!(bucket.consume_ignoring_rate_limits(4).await?, 20_000_000_000);
     /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
@@ -551,7 +551,7 @@ operations! {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// assert_eq!(bucket.reserve(4, u64::MAX).await?, Some(20_000_000_000));
     /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
@@ -569,7 +569,7 @@ operations! {
 /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
 /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
 /// let bucket = manager.builder().build("k", move || config.clone())?;
 /// let v = bucket.verbose().try_consume_as_much_as_possible().await?;
 /// assert_eq!((*v.value(), v.state().bandwidths()[0].tokens()), (3, 0));
@@ -592,8 +592,8 @@ impl<B: Backend> VerboseRemoteBucket<'_, B> {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let small = BucketConfiguration::builder().add_limit(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
-    /// # let big = BucketConfiguration::builder().add_limit(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
+    /// # let small = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
+    /// # let big = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || small.clone())?;
     /// let v = bucket.verbose().replace_configuration(big.clone(), TokensInheritanceStrategy::AsIs).await?;
     /// assert_eq!(v.configuration(), &big);
@@ -621,7 +621,7 @@ impl<B: Backend> VerboseRemoteBucket<'_, B> {
 /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
 /// let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
 /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-/// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
 /// let bucket = manager.builder().build("k", move || config.clone())?.blocking(rt.handle().clone());
 /// assert!(bucket.block_on(|b| b.try_consume(1))?);
 /// assert_eq!(bucket.block_on(|b| b.available_tokens())?, 2);
@@ -655,7 +655,7 @@ impl<B: Backend> BlockingRemoteBucket<B> {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?.blocking(rt.handle().clone());
     /// assert_eq!(bucket.as_async().key().as_str(), "bucket4rs:k");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -676,8 +676,8 @@ impl<B: Backend> BlockingRemoteBucket<B> {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let small = BucketConfiguration::builder().add_limit(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
-    /// # let big = BucketConfiguration::builder().add_limit(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
+    /// # let small = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
+    /// # let big = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || small.clone())?.blocking(rt.handle().clone());
     /// bucket.block_on(|b| b.replace_configuration(big, TokensInheritanceStrategy::Reset))?;
     /// assert_eq!(bucket.block_on(|b| b.available_tokens())?, 200);
@@ -704,7 +704,7 @@ impl<B: Backend> BlockingRemoteBucket<B> {
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?.blocking(rt.handle().clone());
     /// assert_eq!(bucket.consume(1)?, Duration::ZERO);
     /// # Ok::<(), Box<dyn std::error::Error>>(())

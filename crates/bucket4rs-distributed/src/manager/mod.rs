@@ -347,7 +347,7 @@ impl<B: Backend> ManagerBuilder<B> {
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
 /// let manager = ProxyManager::new(EmbeddedBackend::new());
 /// let config = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::simple(3, Duration::from_secs(60))?)
+///     .add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?)
 ///     .build()?;
 /// let bucket = manager.builder().build("user-42", move || config.clone())?;
 /// assert!(bucket.try_consume(3).await?);
@@ -424,7 +424,7 @@ impl<B: Backend> ProxyManager<B> {
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
     /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
     /// let bucket = manager.builder().build("k", move || config.clone())?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

@@ -79,7 +79,7 @@ const LOCKED_ATTEMPTS: u32 = 4;
 /// let _reaper = backend.spawn_reaper(Duration::from_secs(60), 1_000);
 /// let manager = ProxyManager::configure(backend).key_prefix("api").build()?;
 /// let config = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::simple(100, Duration::from_secs(60))?)
+///     .add_bandwidth(Bandwidth::simple(100, Duration::from_secs(60))?)
 ///     .build()?;
 /// let bucket = manager.builder().build("tenant-1", move || config.clone())?;
 /// if !bucket.try_consume(1).await? {

@@ -138,7 +138,7 @@ pub(crate) fn unique_prefix(test: &str) -> String {
 /// `n` tokens per `period`, greedy.
 pub(crate) fn simple(capacity: u64, period: std::time::Duration) -> BucketConfiguration {
     BucketConfiguration::builder()
-        .add_limit(bucket4rs_core::Bandwidth::simple(capacity, period).expect("bandwidth"))
+        .add_bandwidth(bucket4rs_core::Bandwidth::simple(capacity, period).expect("bandwidth"))
         .build()
         .expect("configuration")
 }
@@ -258,7 +258,7 @@ pub(crate) fn random_config(rng: &mut impl Rng) -> BucketConfiguration {
         } else {
             b
         };
-        builder = builder.add_limit(b.build().unwrap());
+        builder = builder.add_bandwidth(b.build().unwrap());
     }
     builder.build().unwrap()
 }

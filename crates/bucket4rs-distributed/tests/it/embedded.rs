@@ -110,7 +110,7 @@ fn a_bucket_that_starts_short_is_kept() {
     let clock = ManualClock::new(0);
     let m = ProxyManager::new(EmbeddedBackend::with_clock(clock.clone()));
     let config = BucketConfiguration::builder()
-        .add_limit(
+        .add_bandwidth(
             Bandwidth::builder()
                 .capacity(5)
                 .refill_greedy(5, Duration::from_secs(2))
@@ -227,7 +227,7 @@ fn aligned_refill_needs_a_wall_clock_and_verbose_returns_the_snapshot() {
     let clock = ManualClock::new(0); // not wall-clock based
     let m = manual(&clock, EmbeddedBackend::new());
     let aligned = BucketConfiguration::builder()
-        .add_limit(
+        .add_bandwidth(
             Bandwidth::builder()
                 .capacity(10)
                 .refill_intervally_aligned(10, Duration::from_secs(60), Duration::ZERO)

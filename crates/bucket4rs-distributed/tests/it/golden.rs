@@ -16,7 +16,7 @@ fn dir() -> PathBuf {
 
 fn cases() -> Vec<(&'static str, BucketConfiguration, BucketState)> {
     let simple = BucketConfiguration::builder()
-        .add_limit(Bandwidth::simple(10, Duration::from_secs(1)).unwrap())
+        .add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1)).unwrap())
         .build()
         .unwrap();
     let simple_state = BucketState::from_bandwidths(vec![BandwidthState::from_parts(
@@ -25,7 +25,7 @@ fn cases() -> Vec<(&'static str, BucketConfiguration, BucketState)> {
         5,
     )]);
     let multi = BucketConfiguration::builder()
-        .add_limit(
+        .add_bandwidth(
             Bandwidth::builder()
                 .capacity(1_000)
                 .refill_greedy(7, Duration::from_nanos(3_000_000_001))
@@ -34,14 +34,14 @@ fn cases() -> Vec<(&'static str, BucketConfiguration, BucketState)> {
                 .build()
                 .unwrap(),
         )
-        .add_limit(
+        .add_bandwidth(
             Bandwidth::builder()
                 .capacity(i64::MAX as u64)
                 .refill_intervally(5, Duration::from_secs(60))
                 .build()
                 .unwrap(),
         )
-        .add_limit(
+        .add_bandwidth(
             Bandwidth::builder()
                 .capacity(600)
                 .refill_intervally_aligned_adaptive(

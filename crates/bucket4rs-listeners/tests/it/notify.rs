@@ -136,7 +136,7 @@ fn adding_resetting_replacing_is_silent<S: NewStorage>() {
     b.reset();
     assert_eq!(b.available_tokens(), 10);
     let bigger = BucketConfiguration::builder()
-        .add_limit(Bandwidth::simple(20, Duration::from_secs(1)).unwrap())
+        .add_bandwidth(Bandwidth::simple(20, Duration::from_secs(1)).unwrap())
         .build()
         .unwrap();
     b.replace_configuration(bigger, TokensInheritanceStrategy::AsIs)

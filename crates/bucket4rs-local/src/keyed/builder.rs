@@ -22,10 +22,10 @@ use crate::clock::FastClock;
 /// use std::time::Duration;
 ///
 /// let free = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::simple(20, Duration::from_secs(60))?)
+///     .add_bandwidth(Bandwidth::simple(20, Duration::from_secs(60))?)
 ///     .build()?;
 /// let pro = BucketConfiguration::builder()
-///     .add_limit(Bandwidth::simple(200, Duration::from_secs(60))?)
+///     .add_bandwidth(Bandwidth::simple(200, Duration::from_secs(60))?)
 ///     .build()?;
 /// // A tier per API key, chosen when the key is first seen; unknown keys get none.
 /// let limiter: KeyedBucket<String> = KeyedBucket::builder()
@@ -118,7 +118,7 @@ impl<K, C, L, S> KeyedBucketBuilder<K, C, L, S> {
     ///
     /// ```
     /// # use bucket4rs_local::{Bandwidth, BucketConfiguration, KeyedBucket}; use std::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
     /// let limiter: KeyedBucket<u8> = KeyedBucket::builder().with_configuration(&config).build()?;
     /// assert_eq!(limiter.available_tokens(&1)?, 3);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -138,7 +138,7 @@ impl<K, C, L, S> KeyedBucketBuilder<K, C, L, S> {
     ///
     /// ```
     /// # use bucket4rs_local::{Bandwidth, BucketConfiguration, KeyedBucket}; use std::time::Duration;
-    /// let config = BucketConfiguration::builder().add_limit(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
+    /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
     /// let limiter: KeyedBucket<u32> = KeyedBucket::builder()
     ///     .configuration_per_key(move |k: &u32| (*k < 10).then(|| config.clone()))
     ///     .build()?;

@@ -624,7 +624,7 @@ where
     /// # use std::time::Duration;
     /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
     /// let pro = BucketConfiguration::builder()
-    ///     .add_limit(Bandwidth::simple(50, Duration::from_secs(1))?)
+    ///     .add_bandwidth(Bandwidth::simple(50, Duration::from_secs(1))?)
     ///     .build()?;
     /// limiter.replace_configuration("k", pro, TokensInheritanceStrategy::Reset)?;
     /// assert_eq!(limiter.available_tokens("k")?, 50);

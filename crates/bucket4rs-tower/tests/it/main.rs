@@ -43,8 +43,8 @@ fn bw(id: &str, capacity: u64, period: Duration) -> Bandwidth {
 
 fn free_plan() -> Plan {
     let config = BucketConfiguration::builder()
-        .add_limit(bw("burst", 20, Duration::from_secs(60)))
-        .add_limit(bw("daily", 1000, Duration::from_secs(86_400)))
+        .add_bandwidth(bw("burst", 20, Duration::from_secs(60)))
+        .add_bandwidth(bw("daily", 1000, Duration::from_secs(86_400)))
         .build()
         .unwrap();
     Plan::new("free", config)
@@ -52,7 +52,7 @@ fn free_plan() -> Plan {
 
 fn simple(capacity: u64, period: Duration) -> BucketConfiguration {
     BucketConfiguration::builder()
-        .add_limit(Bandwidth::simple(capacity, period).unwrap())
+        .add_bandwidth(Bandwidth::simple(capacity, period).unwrap())
         .build()
         .unwrap()
 }
@@ -457,14 +457,14 @@ async fn a_changed_plan_takes_over_the_existing_bucket() {
         let small = Plan::new(
             "free",
             BucketConfiguration::builder()
-                .add_limit(bw("burst", 2, Duration::from_secs(60)))
+                .add_bandwidth(bw("burst", 2, Duration::from_secs(60)))
                 .build()
                 .unwrap(),
         );
         let big = Plan::new(
             "pro",
             BucketConfiguration::builder()
-                .add_limit(bw("burst", 200, Duration::from_secs(60)))
+                .add_bandwidth(bw("burst", 200, Duration::from_secs(60)))
                 .build()
                 .unwrap(),
         );
@@ -1155,7 +1155,7 @@ async fn a_bucket_under_another_configuration_is_switched_to_the_plan() {
     for store in stores(10_000) {
         let kind = store.kind;
         let other = BucketConfiguration::builder()
-            .add_limit(bw("burst", 2, Duration::from_secs(60)))
+            .add_bandwidth(bw("burst", 2, Duration::from_secs(60)))
             .build()
             .unwrap();
         let calls = Arc::new(AtomicUsize::new(0));
