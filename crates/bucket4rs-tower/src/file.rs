@@ -418,15 +418,7 @@ fn parse_limit(v: &Value, path: &str) -> Result<Bandwidth, PlansError> {
 ///
 /// # Errors
 /// A message saying what is wrong.
-///
-/// ```
-/// use bucket4rs_tower::parse_rate;
-/// use std::time::Duration;
-/// assert_eq!(parse_rate("20 per minute"), Ok((20, Duration::from_secs(60))));
-/// assert_eq!(parse_rate("1000/day"), Ok((1000, Duration::from_secs(86_400))));
-/// assert!(parse_rate("lots per minute").is_err());
-/// ```
-pub fn parse_rate(s: &str) -> Result<(u64, Duration), String> {
+pub(crate) fn parse_rate(s: &str) -> Result<(u64, Duration), String> {
     let bad = || format!("{s:?} is not a rate (expected e.g. \"20 per minute\" or \"20/1m\")");
     let (n, d) = s
         .split_once(" per ")
@@ -456,15 +448,7 @@ fn unit(word: &str) -> Option<Duration> {
 ///
 /// # Errors
 /// `"<input>" is not a duration`, or a message for a zero or overflowing duration.
-///
-/// ```
-/// use bucket4rs_tower::parse_duration;
-/// use std::time::Duration;
-/// assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-/// assert_eq!(parse_duration("minute"), Ok(Duration::from_secs(60)));
-/// assert_eq!(parse_duration("1 fortnight"), Err(r#""1 fortnight" is not a duration"#.to_owned()));
-/// ```
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || format!("{s:?} is not a duration");
     let text = s.trim().to_ascii_lowercase();
     if text.is_empty() {
@@ -497,4 +481,41 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?} is zero; a period must be positive"));
     }
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_durations_parse_in_human_forms() {
+        assert_eq!(
+            parse_rate("20 per minute"),
+            Ok((20, Duration::from_secs(60)))
+        );
+        assert_eq!(
+            parse_rate("1000/day"),
+            Ok((1000, Duration::from_secs(86_400)))
+        );
+        assert_eq!(
+            parse_rate("1_000 per 10s"),
+            Ok((1000, Duration::from_secs(10)))
+        );
+        assert!(parse_rate("lots per minute").is_err());
+        assert!(parse_rate("20 minutes").is_err());
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("minute"), Ok(Duration::from_secs(60)));
+        assert_eq!(
+            parse_duration("2 hours, 5 s"),
+            Ok(Duration::from_secs(7205))
+        );
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(
+            parse_duration("1 fortnight"),
+            Err(r#""1 fortnight" is not a duration"#.to_owned())
+        );
+        assert!(parse_duration("0s").unwrap_err().contains("zero"));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("99999999999 weeks").is_err());
+    }
 }

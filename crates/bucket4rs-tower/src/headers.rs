@@ -11,32 +11,22 @@ use http::{HeaderName, HeaderValue};
 use crate::plan::Plan;
 
 /// `RateLimit-Policy`: the quota policies of the client's plan.
-pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit`: the current state of each quota policy.
-pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// `X-Rate-Limit-Remaining`: tokens left over all bandwidths (the header of Bucket4j's
 /// examples; opt in with `RateLimitLayerBuilder::remaining_header`).
-pub const X_RATE_LIMIT_REMAINING: HeaderName = HeaderName::from_static("x-rate-limit-remaining");
+pub(crate) const X_RATE_LIMIT_REMAINING: HeaderName =
+    HeaderName::from_static("x-rate-limit-remaining");
 
 /// The largest structured-field integer (RFC 9651: 15 decimal digits).
 const SF_INT_MAX: u64 = 999_999_999_999_999;
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 
 /// One quota policy: a bandwidth as `"name";q=<capacity>;w=<seconds to refill it all>`.
-///
-/// ```
-/// use bucket4rs_core::Bandwidth;
-/// use bucket4rs_tower::Quota;
-/// use std::time::Duration;
-/// let b = Bandwidth::builder().capacity(20).refill_greedy(1, Duration::from_secs(3)).id("burst").build()?;
-/// let q = Quota::of(0, &b);
-/// assert_eq!((q.name(), q.quota(), q.window_secs()), ("burst", 20, 60));
-/// # Ok::<(), bucket4rs_core::ConfigError>(())
-/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Quota {
-    name: String,
-    /// `name` as a structured-field string: quoted, `"` and `\\` escaped.
+pub(crate) struct Quota {
+    /// The name (the bandwidth's id, or its index) as a structured-field string: quoted, `"` and `\\` escaped.
     quoted: Box<str>,
     quota: u64,
     window: u64,
@@ -46,15 +36,7 @@ impl Quota {
     /// The quota policy of bandwidth number `index`: named by its id when the id is
     /// printable ASCII, else by the index; `w` is the time to refill the whole capacity,
     /// rounded up to a second (at least 1).
-    ///
-    /// ```
-    /// # use bucket4rs_core::Bandwidth; use bucket4rs_tower::Quota; use std::time::Duration;
-    /// let b = Bandwidth::builder().capacity(5).refill_greedy(5, Duration::from_millis(1500)).id("é").build()?;
-    /// let q = Quota::of(3, &b);
-    /// assert_eq!((q.name(), q.window_secs()), ("3", 2));
-    /// # Ok::<(), bucket4rs_core::ConfigError>(())
-    /// ```
-    pub fn of(index: usize, b: &Bandwidth) -> Self {
+    pub(crate) fn of(index: usize, b: &Bandwidth) -> Self {
         let name = match b.id() {
             Some(id) if !id.is_empty() && id.bytes().all(|c| (0x20..=0x7e).contains(&c)) => {
                 id.to_owned()
@@ -76,44 +58,10 @@ impl Quota {
         }
         quoted.push('"');
         Self {
-            name,
             quoted: quoted.into_boxed_str(),
             quota: b.capacity().min(SF_INT_MAX),
             window,
         }
-    }
-
-    /// The policy name.
-    ///
-    /// ```
-    /// # use bucket4rs_core::Bandwidth; use bucket4rs_tower::Quota; use std::time::Duration;
-    /// assert_eq!(Quota::of(0, &Bandwidth::simple(1, Duration::from_secs(1))?).name(), "0");
-    /// # Ok::<(), bucket4rs_core::ConfigError>(())
-    /// ```
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// `q`: the capacity.
-    ///
-    /// ```
-    /// # use bucket4rs_core::Bandwidth; use bucket4rs_tower::Quota; use std::time::Duration;
-    /// assert_eq!(Quota::of(0, &Bandwidth::simple(7, Duration::from_secs(1))?).quota(), 7);
-    /// # Ok::<(), bucket4rs_core::ConfigError>(())
-    /// ```
-    pub fn quota(&self) -> u64 {
-        self.quota
-    }
-
-    /// `w`: seconds to refill the whole capacity.
-    ///
-    /// ```
-    /// # use bucket4rs_core::Bandwidth; use bucket4rs_tower::Quota; use std::time::Duration;
-    /// assert_eq!(Quota::of(0, &Bandwidth::simple(7, Duration::from_secs(9))?).window_secs(), 9);
-    /// # Ok::<(), bucket4rs_core::ConfigError>(())
-    /// ```
-    pub fn window_secs(&self) -> u64 {
-        self.window
     }
 }
 
@@ -352,7 +300,50 @@ fn remember(slot: usize, plan: u64, r: u64, t: u64, value: Option<HeaderValue>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bucket4rs_core::Bandwidth;
     use core::cell::Cell;
+    use core::time::Duration;
+
+    /// A quota is named by its bandwidth's printable id, else by its index; `q` is the
+    /// capacity and `w` the time to refill all of it, rounded up to a second.
+    #[test]
+    fn quotas_name_capacity_and_window() {
+        let header = |bandwidths: &[Bandwidth]| {
+            let quotas: Vec<Quota> = bandwidths
+                .iter()
+                .enumerate()
+                .map(|(i, b)| Quota::of(i, b))
+                .collect();
+            policy_header(&quotas)
+        };
+        let burst = Bandwidth::builder()
+            .capacity(20)
+            .refill_greedy(1, Duration::from_secs(3))
+            .id("burst")
+            .build()
+            .unwrap();
+        let accented = Bandwidth::builder()
+            .capacity(5)
+            .refill_greedy(5, Duration::from_millis(1500))
+            .id("é")
+            .build()
+            .unwrap();
+        let quoted = Bandwidth::builder()
+            .capacity(7)
+            .refill_greedy(7, Duration::from_secs(9))
+            .id(r#"a"b\c"#)
+            .build()
+            .unwrap();
+        assert_eq!(header(&[burst]), r#""burst";q=20;w=60"#);
+        assert_eq!(
+            header(&[
+                Bandwidth::simple(1, Duration::from_secs(1)).unwrap(),
+                accented,
+                quoted
+            ]),
+            r#""0";q=1;w=1, "1";q=5;w=2, "a\"b\\c";q=7;w=9"#
+        );
+    }
 
     fn value_of(plan: u64, r: u64, t: u64) -> HeaderValue {
         HeaderValue::try_from(format!("\"p{plan}\";r={r};t={t}")).unwrap()

@@ -75,12 +75,10 @@ mod service;
 mod store;
 
 #[cfg(feature = "toml")]
-pub use file::{PlanTable, PlansError, parse_duration, parse_rate};
+pub use file::{PlanTable, PlansError};
 pub use future::ResponseFuture;
-pub use headers::{Quota, RATELIMIT, RATELIMIT_POLICY, X_RATE_LIMIT_REMAINING};
 pub use key::{KeyExtractor, RequestInfo};
 pub use layer::{DEFAULT_MAX_KEYS, RateLimitLayer, RateLimitLayerBuilder};
 pub use plan::{Plan, PlanResolver};
-pub use problem::Problem;
 pub use service::RateLimit;
 pub use store::LocalStore;

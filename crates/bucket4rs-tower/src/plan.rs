@@ -147,14 +147,7 @@ impl Plan {
     }
 
     /// The quota policies, one per bandwidth.
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
-    /// # let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
-    /// assert_eq!(bucket4rs_tower::Plan::new("p", c).quotas()[0].quota(), 5);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn quotas(&self) -> &[Quota] {
+    pub(crate) fn quotas(&self) -> &[Quota] {
         &self.0.quotas
     }
 
