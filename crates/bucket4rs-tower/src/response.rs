@@ -52,9 +52,9 @@ pub(crate) fn verdict<ResBody: From<Bytes>>(
     let headers = RateHeaders {
         policy: d.plan.policy_header().clone(),
         ratelimit: headers::ratelimit_header(d.plan, &d.after, d.now, cost),
-        remaining: remaining_header.then_some(d.remaining),
+        remaining: remaining_header.then_some(d.probe.remaining_tokens()),
     };
-    if d.consumed {
+    if d.probe.is_consumed() {
         Verdict::Allow(Some(headers))
     } else {
         Verdict::Answer(refusal(d, headers, cost))
@@ -69,7 +69,9 @@ fn refusal<ResBody: From<Bytes>>(
     headers: RateHeaders,
     cost: u64,
 ) -> Response<ResBody> {
-    let retry = headers::ceil_secs(d.wait);
+    // Refused: there is a Retry-After (the cost is within the plan's capacity, so the
+    // request is possible).
+    let retry = d.probe.retry_after_secs().unwrap_or(1);
     let mut resp = problem::too_many_requests(
         retry,
         Problem::new(
@@ -78,7 +80,7 @@ fn refusal<ResBody: From<Bytes>>(
         )
         .with("plan", d.plan.name())
         .with("cost", cost)
-        .with("remaining", d.remaining),
+        .with("remaining", d.probe.remaining_tokens()),
     );
     headers.apply(resp.headers_mut());
     resp

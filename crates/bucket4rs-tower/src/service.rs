@@ -284,7 +284,6 @@ fn decide_remote<ResBody: From<Bytes> + Send + 'static>(
     Err(Box::pin(async move {
         match consumption.await {
             Ok(v) => {
-                let probe = v.value();
                 let stale;
                 let decided_under = if same(v.configuration(), plan.configuration()) {
                     &plan
@@ -295,9 +294,7 @@ fn decide_remote<ResBody: From<Bytes> + Send + 'static>(
                 };
                 let d = Decided {
                     plan: decided_under,
-                    consumed: probe.is_consumed(),
-                    remaining: probe.remaining_tokens(),
-                    wait: probe.nanos_to_wait_for_refill(),
+                    probe: *v.value(),
                     after: v.state().clone(),
                     now: v.now_nanos(),
                 };

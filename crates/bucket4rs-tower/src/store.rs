@@ -4,13 +4,13 @@
 //! [`Take`] on the key's bucket, whose output is what the response needs, computed while the
 //! bucket's state is at hand (no copy of the configuration, no second lookup of the key). In a
 //! shared store, a [`ProxyManager`] over any backend: the same question as a verbose
-//! `try_consume_and_return_remaining`, answered asynchronously. Both answers become the same
-//! [`Decision`](crate::response::Decision).
+//! `try_consume_and_return_remaining`, answered asynchronously. Both answers are a
+//! [`Decided`]: the core's probe of that operation and the state it left.
 
 use core::fmt;
 use std::sync::Arc;
 
-use bucket4rs_core::ops::{Mutation, Operation, Refilled};
+use bucket4rs_core::ops::{Mutation, Operation, Refilled, TryConsumeAndReturnRemaining};
 use bucket4rs_core::{
     BandwidthState, BucketConfiguration, BucketListener, BucketState, Clock, ConsumptionProbe,
     OperationError, TokensInheritanceStrategy, VerboseResult,
@@ -144,15 +144,11 @@ pub(crate) enum Taken<'p> {
     Stale,
 }
 
-/// A consumption decided under a plan: what the probe of `try_consume_and_return_remaining`
-/// reports, and the state it left.
+/// A consumption decided under a plan: the probe of `try_consume_and_return_remaining`
+/// (computed by the core's operation, in process as on a remote store), and the state it left.
 pub(crate) struct Decided<'p> {
     pub(crate) plan: &'p Plan,
-    pub(crate) consumed: bool,
-    /// Tokens left over all bandwidths (after the request when it was consumed).
-    pub(crate) remaining: u64,
-    /// Until the request could be served (0 when consumed).
-    pub(crate) wait: u64,
+    pub(crate) probe: ConsumptionProbe,
     /// Every bandwidth's state after the request, refilled to `now`.
     pub(crate) after: BucketState,
     pub(crate) now: i64,
@@ -173,36 +169,19 @@ impl<'p> Operation for Take<'p> {
         let Some(plan) = plan else {
             return Ok((Taken::Stale, None));
         };
-        let n = self.cost;
-        if n > plan.min_capacity() {
+        if self.cost > plan.min_capacity() {
             return Ok((Taken::TooCostly(plan), None));
         }
-        let available = view.available();
-        let bandwidths = config.bandwidths().iter().enumerate();
-        let (consumed, mutation) = if i128::from(n) <= i128::from(available) {
-            (true, Some(Mutation::Consume(n)))
-        } else {
-            (false, None)
-        };
-        let after = bandwidths
-            .map(|(i, b)| match mutation {
-                Some(m) => m.apply(b, view.get(i)),
+        let (probe, mutation) = TryConsumeAndReturnRemaining(self.cost).plan(view)?;
+        let after = (0..view.len())
+            .map(|i| match mutation {
+                Some(m) => m.apply(&config.bandwidths()[i], view.get(i)),
                 None => view.get(i),
             })
             .collect();
         let decided = Decided {
             plan,
-            consumed,
-            remaining: if consumed {
-                (i128::from(available) - i128::from(n)) as u64
-            } else {
-                u64::try_from(available).unwrap_or(0)
-            },
-            wait: if consumed {
-                0
-            } else {
-                view.request_wait(n, true)
-            },
+            probe,
             after,
             now: view.now(),
         };
@@ -211,11 +190,7 @@ impl<'p> Operation for Take<'p> {
 
     fn notify<L: BucketListener + ?Sized>(&self, out: &Taken<'p>, listener: &L) {
         if let Taken::Decided(d) = out {
-            if d.consumed {
-                listener.on_consumed(self.cost);
-            } else {
-                listener.on_rejected(self.cost);
-            }
+            TryConsumeAndReturnRemaining(self.cost).notify(&d.probe, listener);
         }
     }
 }
