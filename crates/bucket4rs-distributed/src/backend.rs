@@ -80,7 +80,7 @@ pub enum Command {
     /// `replace_configuration(..)`: only through [`Transaction::apply`].
     ReplaceConfiguration,
     /// Several operations of one key applied in arrival order in one transaction (the
-    /// manager's request batching, see [`ManagerBuilder::batching`](crate::ManagerBuilder::batching));
+    /// manager's request batching, see [`ManagerBuilder::max_batch`](crate::ManagerBuilder::max_batch));
     /// the operations are listed by [`Transaction::batch`]. A backend without a native
     /// batch path just calls [`Transaction::apply`], which runs them all.
     Batch(usize),

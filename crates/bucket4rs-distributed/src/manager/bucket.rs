@@ -292,7 +292,7 @@ impl<B: Backend> RemoteBucket<B> {
     /// time slept. Like Bucket4j's blocking `consume`, requests above capacity create debt.
     ///
     /// # Errors
-    /// [`OperationError::ZeroTokens`], [`OperationError::WaitTooLong`]; timeout and backend
+    /// [`OperationError::ZeroTokens`](bucket4rs_core::OperationError::ZeroTokens), [`OperationError::WaitTooLong`](bucket4rs_core::OperationError::WaitTooLong); timeout and backend
     /// errors (the timeout bounds the backend call, not the sleep).
     ///
     /// ```
@@ -318,7 +318,7 @@ impl<B: Backend> RemoteBucket<B> {
     /// whether they were consumed.
     ///
     /// # Errors
-    /// [`OperationError::ZeroTokens`], [`OperationError::ZeroMaxWait`]; timeout and backend
+    /// [`OperationError::ZeroTokens`](bucket4rs_core::OperationError::ZeroTokens), [`OperationError::ZeroMaxWait`](bucket4rs_core::OperationError::ZeroMaxWait); timeout and backend
     /// errors.
     ///
     /// ```

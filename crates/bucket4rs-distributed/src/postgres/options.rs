@@ -73,7 +73,7 @@ pub(super) fn quote_table(name: &str) -> Result<String, InvalidTableName> {
     Ok(quoted)
 }
 
-/// Settings of a [`PostgresBackend`].
+/// Settings of a [`PostgresBackend`](crate::PostgresBackend).
 ///
 /// ```
 /// use bucket4rs_distributed::PostgresOptions;

@@ -17,7 +17,7 @@ use crate::error::{BackendError, BackendErrorKind};
 /// `timestamptz`.
 const MAX_TTL_MICROS: u128 = 1_000 * 365 * 86_400 * 1_000_000;
 
-/// Counters of a [`PostgresBackend`].
+/// Counters of a [`PostgresBackend`](crate::PostgresBackend).
 ///
 /// ```
 /// let s = bucket4rs_distributed::PostgresStats::default();
@@ -35,9 +35,9 @@ pub struct PostgresStats {
     /// Compare-and-set statements that lost (stale basis, concurrent writer, expired row, or
     /// a database-clock estimate out of tolerance).
     pub conflicts: u64,
-    /// Expired rows deleted by [`PostgresBackend::reap_expired`].
+    /// Expired rows deleted by [`PostgresBackend::reap_expired`](crate::PostgresBackend::reap_expired).
     pub reaped: u64,
-    /// Calls that lost [`PostgresOptions::optimistic_rounds`] compare-and-sets in a row and
+    /// Calls that lost [`PostgresOptions::optimistic_rounds`](crate::PostgresOptions::optimistic_rounds) compare-and-sets in a row and
     /// took the row lock (`SELECT … FOR UPDATE`) instead.
     pub pessimistic: u64,
 }
