@@ -10,10 +10,11 @@
 use core::fmt;
 use std::sync::Arc;
 
+use bucket4rs_core::__private::Single;
 use bucket4rs_core::ops::{Mutation, Operation, Refilled, TryConsumeAndReturnRemaining};
 use bucket4rs_core::{
-    BandwidthState, BucketConfiguration, BucketListener, BucketState, Clock, ConsumptionProbe,
-    OperationError, TokensInheritanceStrategy, VerboseResult,
+    Bandwidth, BandwidthState, BucketConfiguration, BucketListener, BucketState, Clock,
+    ConsumptionProbe, OperationError, TokensInheritanceStrategy, VerboseResult,
 };
 use bucket4rs_distributed::{Backend, DistributedError, ProxyManager};
 use bucket4rs_local::KeyedBucket;
@@ -186,6 +187,35 @@ impl<'p> Operation for Take<'p> {
             now: view.now(),
         };
         Ok((Taken::Decided(decided), mutation))
+    }
+
+    const HAS_SINGLE: bool = true;
+
+    /// A bucket of one bandwidth, the common case: the same decision without the refilled
+    /// view, when `b` is (by identity) the only bandwidth of the plan's configuration;
+    /// `plan` decides otherwise.
+    #[inline]
+    fn plan_single(&self, b: &Bandwidth, s: BandwidthState, now: i64) -> Option<Single<Taken<'p>>> {
+        let of = |plan: &Plan| {
+            core::ptr::eq(plan.configuration().bandwidths(), core::slice::from_ref(b))
+        };
+        let plan = match self.plans {
+            Plans::Fixed(fixed) => fixed.plans.iter().find(|p| of(p))?,
+            Plans::One(plan) => of(plan).then_some(plan)?,
+        };
+        if self.cost > plan.min_capacity() {
+            return Some(Ok((Taken::TooCostly(plan), None)));
+        }
+        let single = TryConsumeAndReturnRemaining(self.cost).plan_single(b, s, now)?;
+        Some(single.map(|(probe, new)| {
+            let decided = Decided {
+                plan,
+                probe,
+                after: core::iter::once(new.unwrap_or(s)).collect(),
+                now,
+            };
+            (Taken::Decided(decided), new)
+        }))
     }
 
     fn notify<L: BucketListener + ?Sized>(&self, out: &Taken<'p>, listener: &L) {
