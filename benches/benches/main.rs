@@ -8,6 +8,8 @@
 //! - `keyed`: bucket4rs-local's `KeyedBucket` (foldhash, and on SipHash) next to governor's
 //!   keyed limiter, `String` keys, 1 and 10,000 keys, 1 and 2 threads, success and denied;
 //!   the Redis and PostgreSQL backends when built with their features and reachable.
+//! - `listener`: `try_consume(1)` with no listener, `NoopListener` and `SimpleBucketListener`,
+//!   on the lock-free and synchronized strategies: what a listener costs on the hot path.
 //! - `memory`: building a bucket of 1, 2, 4 and 8 bandwidths (the byte counts come from the
 //!   `bucket4rs-memory` binary, which needs a counting global allocator).
 //!
@@ -21,6 +23,7 @@ use criterion::{criterion_group, criterion_main};
 mod clock;
 mod contention;
 mod keyed;
+mod listener;
 mod memory;
 mod single_thread;
 
@@ -30,6 +33,7 @@ criterion_group!(
     clock::bench,
     contention::bench,
     keyed::bench,
+    listener::bench,
     memory::bench
 );
 criterion_main!(benches);

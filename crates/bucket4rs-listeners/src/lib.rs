@@ -40,8 +40,8 @@
 //! # Cost
 //! The default listener is `NoopListener`; buckets are generic over the listener, so it
 //! compiles away: a bucket with no listener and one with an explicit `NoopListener` run the
-//! same code. The benchmark `benches/noop.rs` measures it (figures and command in
-//! `docs/listeners.md` at the repository root).
+//! same code. The `listener` benchmarks of the repository's `benches` package measure it
+//! (figures and command in `docs/listeners.md` at the repository root).
 //!
 //! # Replacing or adding a listener
 //! Bucket4j's `toListenable` *replaces* a bucket's listener, a known pitfall when two parts of

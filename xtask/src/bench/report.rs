@@ -281,6 +281,8 @@ fn groups(rows: &[Row]) -> Vec<&str> {
         "keyed/success",
         "keyed/rejection",
         "keyed_remote/try_consume",
+        "listener/lock_free",
+        "listener/synchronized",
         "memory/build",
     ];
     let mut gs: Vec<&str> = order

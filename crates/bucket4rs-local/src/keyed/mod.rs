@@ -22,7 +22,9 @@
 
 mod builder;
 mod entry;
+mod error;
 mod plans;
+mod verbose;
 
 use core::borrow::Borrow;
 use core::fmt;
@@ -31,15 +33,17 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 
 use bucket4rs_core::ops::{self, Operation};
 use bucket4rs_core::{
-    BucketConfiguration, BucketListener, BucketState, Clock, ConfigError, ConsumptionProbe,
-    EstimationProbe, OperationError, TokensInheritanceStrategy, VerboseResult,
+    BucketConfiguration, BucketListener, BucketState, Clock, ConsumptionProbe, EstimationProbe,
+    OperationError, TokensInheritanceStrategy, VerboseResult,
 };
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as MapEntry;
 
 pub use builder::KeyedBucketBuilder;
 use entry::{Entry, Recreated, Stop};
+pub use error::KeyedError;
 use plans::Plans;
+pub use verbose::VerboseKeyedBucket;
 
 use crate::bucket::BucketSnapshot;
 use crate::clock::FastClock;
@@ -129,72 +133,6 @@ impl<K, C: fmt::Debug, L, S> fmt::Debug for KeyedBucket<K, C, L, S> {
             .field("max_keys", &self.max_keys)
             .field("clock", &self.clock)
             .finish_non_exhaustive()
-    }
-}
-
-/// Why a keyed bucket could not run an operation. Nothing changed.
-///
-/// ```
-/// use bucket4rs_local::{KeyedBucket, KeyedError, OperationError};
-/// use std::time::Duration;
-///
-/// let limiter: KeyedBucket<u64> = KeyedBucket::builder()
-///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
-///     .build()?;
-/// assert_eq!(limiter.try_consume(&7, 0), Err(KeyedError::Operation(OperationError::ZeroTokens)));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeyedError {
-    /// The operation's arguments are invalid, as for a [`Bucket`](crate::Bucket).
-    Operation(OperationError),
-    /// The key has no bucket, and the map holds its maximum number of keys, none of which
-    /// could be forgotten.
-    TooManyKeys {
-        /// The cap ([`KeyedBucketBuilder::max_keys`]).
-        max: usize,
-    },
-    /// The configuration source has no configuration for this key.
-    UnknownKey,
-    /// The configuration is invalid for this bucket (a replacement, or a configuration chosen
-    /// for a key, that needs a wall clock the bucket does not have).
-    Configuration(ConfigError),
-}
-
-impl fmt::Display for KeyedError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Operation(e) => e.fmt(f),
-            Self::TooManyKeys { max } => write!(
-                f,
-                "the keyed bucket holds its maximum of {max} keys and none can be forgotten yet"
-            ),
-            Self::UnknownKey => f.write_str("no configuration for this key"),
-            Self::Configuration(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for KeyedError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Operation(e) => Some(e),
-            Self::Configuration(e) => Some(e),
-            Self::TooManyKeys { .. } | Self::UnknownKey => None,
-        }
-    }
-}
-
-impl From<OperationError> for KeyedError {
-    fn from(e: OperationError) -> Self {
-        Self::Operation(e)
-    }
-}
-
-impl From<ConfigError> for KeyedError {
-    fn from(e: ConfigError) -> Self {
-        Self::Configuration(e)
     }
 }
 
@@ -869,146 +807,6 @@ fn stop(s: Stop) -> KeyedError {
         Stop::Invalid(e) => KeyedError::Operation(e),
         // Only asked after an upgrade, which a general entry never needs.
         Stop::Upgrade => KeyedError::Operation(OperationError::StateMismatch),
-    }
-}
-
-/// The verbose view of a [`KeyedBucket`] ([`KeyedBucket::as_verbose`]).
-///
-/// ```
-/// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
-/// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
-/// let verbose = limiter.as_verbose();
-/// let probe = verbose.try_consume_and_return_remaining("k", 5)?;
-/// assert_eq!(probe.time_until_full(), Duration::from_secs(1));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub struct VerboseKeyedBucket<'a, K, C, L, S> {
-    keyed: &'a KeyedBucket<K, C, L, S>,
-}
-
-impl<K, C: fmt::Debug, L, S> fmt::Debug for VerboseKeyedBucket<'_, K, C, L, S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("VerboseKeyedBucket")
-            .field(self.keyed)
-            .finish()
-    }
-}
-
-impl<K, C, L, S> VerboseKeyedBucket<'_, K, C, L, S>
-where
-    K: Hash + Eq,
-    C: Clock,
-    L: BucketListener,
-    S: BuildHasher + Clone,
-{
-    /// [`KeyedBucket::execute`], verbosely.
-    ///
-    /// # Errors
-    /// As [`KeyedBucket::execute`].
-    ///
-    /// ```
-    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
-    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
-    /// let r = limiter.as_verbose().execute("k", bucket4rs_core::ops::Reset)?;
-    /// assert_eq!(r.available_tokens(), 5);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn execute<Q, O>(&self, key: &Q, op: O) -> Result<VerboseResult<O::Output>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-        O: Operation,
-    {
-        self.keyed.execute_verbose(key, op)
-    }
-
-    /// [`KeyedBucket::try_consume`], verbosely.
-    ///
-    /// # Errors
-    /// As [`KeyedBucket::try_consume`].
-    ///
-    /// ```
-    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
-    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
-    /// assert_eq!(limiter.as_verbose().try_consume("k", 1)?.available_tokens_per_bandwidth(), [4]);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn try_consume<Q>(&self, key: &Q, tokens: u64) -> Result<VerboseResult<bool>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
-        self.execute(key, ops::TryConsume(tokens))
-    }
-
-    /// [`KeyedBucket::try_consume_and_return_remaining`], verbosely.
-    ///
-    /// # Errors
-    /// As [`KeyedBucket::try_consume`].
-    ///
-    /// ```
-    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
-    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
-    /// assert!(limiter.as_verbose().try_consume_and_return_remaining("k", 1)?.value().is_consumed());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn try_consume_and_return_remaining<Q>(
-        &self,
-        key: &Q,
-        tokens: u64,
-    ) -> Result<VerboseResult<ConsumptionProbe>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
-        self.execute(key, ops::TryConsumeAndReturnRemaining(tokens))
-    }
-
-    /// [`KeyedBucket::estimate_ability_to_consume`], verbosely.
-    ///
-    /// # Errors
-    /// As [`KeyedBucket::try_consume`].
-    ///
-    /// ```
-    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
-    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
-    /// assert!(limiter.as_verbose().estimate_ability_to_consume("k", 5)?.value().can_be_consumed());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn estimate_ability_to_consume<Q>(
-        &self,
-        key: &Q,
-        tokens: u64,
-    ) -> Result<VerboseResult<EstimationProbe>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
-        self.execute(key, ops::EstimateAbilityToConsume(tokens))
-    }
-
-    /// [`KeyedBucket::available_tokens`], verbosely.
-    ///
-    /// # Errors
-    /// As [`KeyedBucket::available_tokens`].
-    ///
-    /// ```
-    /// # use bucket4rs_local::KeyedBucket; use std::time::Duration;
-    /// # let limiter: KeyedBucket<String> = KeyedBucket::builder().add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(1))).build()?;
-    /// assert_eq!(limiter.as_verbose().available_tokens("k")?.time_until_full(), Duration::ZERO);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn available_tokens<Q>(&self, key: &Q) -> Result<VerboseResult<i64>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
-        self.execute(key, ops::AvailableTokens)
     }
 }
 

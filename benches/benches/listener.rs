@@ -1,13 +1,6 @@
 //! What a listener costs on the hot path: a bucket with no listener, with an explicit
 //! `NoopListener` (should be identical: it compiles away), and with `SimpleBucketListener`
 //! (atomic counters) for scale, on the lock-free and synchronized strategies.
-//!
-//! ```text
-//! CARGO_TARGET_DIR=/work/target-listen cargo bench -p bucket4rs-listeners --bench noop -- \
-//!     --warm-up-time 1 --measurement-time 2
-//! ```
-// `criterion_group!` generates an undocumented `pub fn`.
-#![allow(missing_docs)]
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -15,7 +8,12 @@ use std::time::Duration;
 use bucket4rs_core::{BucketListener, NoopListener};
 use bucket4rs_listeners::SimpleBucketListener;
 use bucket4rs_local::{Bucket, BucketBuilder, NewStorage};
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::Criterion;
+
+pub(crate) fn bench(c: &mut Criterion) {
+    strategy::<bucket4rs_local::LockFree>(c, "lock_free");
+    strategy::<bucket4rs_local::Synchronized>(c, "synchronized");
+}
 
 /// A bucket that never runs dry during a benchmark: `try_consume(1)` always succeeds (a
 /// billion tokens, refilled at one per nanosecond, faster than any loop consumes them).
@@ -32,10 +30,8 @@ fn run<S: NewStorage, L: BucketListener>(
     bucket: Bucket<S, bucket4rs_local::FastClock, L>,
     id: &str,
 ) {
-    c.benchmark_group(format!("try_consume/{strategy}"))
-        .bench_function(BenchmarkId::from_parameter(id), |b| {
-            b.iter(|| bucket.try_consume(black_box(1)))
-        });
+    c.benchmark_group(format!("listener/{strategy}"))
+        .bench_function(id, |b| b.iter(|| bucket.try_consume(black_box(1))));
 }
 
 fn strategy<S: NewStorage>(c: &mut Criterion, name: &str) {
@@ -66,11 +62,3 @@ fn strategy<S: NewStorage>(c: &mut Criterion, name: &str) {
     );
     black_box(simple.consumed());
 }
-
-fn benches(c: &mut Criterion) {
-    strategy::<bucket4rs_local::LockFree>(c, "lock_free");
-    strategy::<bucket4rs_local::Synchronized>(c, "synchronized");
-}
-
-criterion_group!(noop, benches);
-criterion_main!(noop);
