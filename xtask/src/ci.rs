@@ -38,9 +38,17 @@ pub(crate) fn test(sh: &Shell) -> Result<()> {
     step("test");
     // The conformance runners (every test named `…replays…`) run next, uncaptured, so that
     // each prints its `conformance: N traces, M steps passed (engine: …)` line.
-    cmd!(sh, "cargo test --workspace --all-features -- --skip replays").run()?;
+    cmd!(
+        sh,
+        "cargo test --workspace --all-features -- --skip replays"
+    )
+    .run()?;
     step("test: every conformance runner on the Bucket4j traces");
-    cmd!(sh, "cargo test --workspace --all-features replays -- --nocapture").run()?;
+    cmd!(
+        sh,
+        "cargo test --workspace --all-features replays -- --nocapture"
+    )
+    .run()?;
     other_conformance_dir(sh)?;
     facade_features(sh)
 }
@@ -126,9 +134,12 @@ fn other_conformance_dir(sh: &Shell) -> Result<()> {
         std::fs::copy(&from, dir.join(name))
             .with_context(|| format!("copying {}", from.display()))?;
     }
-    cmd!(sh, "cargo test --workspace --all-features replays -- --nocapture")
-        .env("BUCKET4RS_CONFORMANCE_DIR", &dir)
-        .run()?;
+    cmd!(
+        sh,
+        "cargo test --workspace --all-features replays -- --nocapture"
+    )
+    .env("BUCKET4RS_CONFORMANCE_DIR", &dir)
+    .run()?;
     Ok(())
 }
 

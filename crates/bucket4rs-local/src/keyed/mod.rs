@@ -74,7 +74,7 @@ enum Source<K> {
     Stored,
 }
 
-/// What [`KeyedBucket::update`] does with a key's bucket.
+/// What the keyed bucket's update of a key does with its bucket.
 #[doc(hidden)]
 #[derive(Debug)]
 pub enum Update {
