@@ -610,6 +610,7 @@ pub struct Take<T> {
 /// assert_eq!(written, 1);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[doc(hidden)]
 #[inline]
 pub fn execute<O, R, W>(
     op: &O,
