@@ -390,15 +390,33 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
         config: BucketConfiguration,
         strategy: TokensInheritanceStrategy,
     ) -> Result<(), ConfigError> {
+        self.replace(config, strategy).map(|_| ())
+    }
+
+    /// [`replace_configuration`](Self::replace_configuration), answering the state it
+    /// committed and the reading it ran at.
+    pub(crate) fn replace(
+        &self,
+        config: BucketConfiguration,
+        strategy: TokensInheritanceStrategy,
+    ) -> Result<(BucketConfiguration, BucketState, i64), ConfigError> {
         let wall = self.clock.is_wall_clock_based();
         config.check_clock(wall)?;
         let now = self.clock.now_nanos();
+        // A storage commits what its last call of the closure returned (a lock-free one may
+        // call it again after a lost race).
+        let committed = core::cell::RefCell::new(None);
         self.storage.replace_with(now, |old, read| {
             let list = (0..old.bandwidths().len()).map(read).collect();
             let state = BucketState::from_bandwidths(list)
                 .replace_configuration(old, &config, now, strategy, wall)?;
+            *committed.borrow_mut() = Some(state.clone());
             Ok((config.clone(), state))
-        })
+        })?;
+        let state = committed
+            .into_inner()
+            .unwrap_or_else(|| self.storage.snapshot(now).1);
+        Ok((config, state, now))
     }
 
     /// The configuration in force.

@@ -6,7 +6,8 @@ use core::time::Duration;
 
 use bucket4rs_core::ops::{self, Operation};
 use bucket4rs_core::{
-    BucketListener, Clock, ConsumptionProbe, EstimationProbe, OperationError, VerboseResult,
+    BucketConfiguration, BucketListener, Clock, ConfigError, ConsumptionProbe, EstimationProbe,
+    OperationError, TokensInheritanceStrategy, VerboseResult,
 };
 
 use crate::bucket::Bucket;
@@ -18,9 +19,7 @@ use crate::storage::Storage;
 /// more than the plain API (the configuration and state are copied out), so use it where the
 /// answer needs them, as for rate-limit response headers.
 ///
-/// Every operation of [`Bucket`] is here but `replace_configuration`: call it on the bucket,
-/// then read the new state verbosely (for example with
-/// [`available_tokens`](Self::available_tokens)).
+/// Every operation of [`Bucket`] is here, `replace_configuration` included.
 ///
 /// ```
 /// use bucket4rs_local::Bucket;
@@ -249,6 +248,34 @@ impl<'a, S: Storage, C: Clock, L: BucketListener> VerboseBucket<'a, S, C, L> {
         };
         let r = self.execute(op)?;
         Ok(r.map(|w| w.map(Duration::from_nanos)))
+    }
+
+    /// [`Bucket::replace_configuration`], verbosely: the new configuration and the state the
+    /// replacement left, at the reading it ran at.
+    ///
+    /// # Errors
+    /// [`ConfigError::AlignedRefillNeedsWallClock`](bucket4rs_core::ConfigError::AlignedRefillNeedsWallClock)
+    /// when the new configuration uses aligned refill and the clock is not wall-clock based;
+    /// nothing changes then.
+    ///
+    /// ```
+    /// # use bucket4rs_local::{Bandwidth, Bucket, BucketConfiguration, TokensInheritanceStrategy};
+    /// # use std::time::Duration;
+    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(100).refill_greedy(100, Duration::from_secs(60))).build()?;
+    /// bucket.try_consume(60)?;
+    /// let pro = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
+    /// let r = bucket.as_verbose().replace_configuration(pro, TokensInheritanceStrategy::Proportionally)?;
+    /// assert_eq!(r.configuration().bandwidths()[0].capacity(), 200);
+    /// assert_eq!(r.available_tokens(), 80);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn replace_configuration(
+        &self,
+        config: BucketConfiguration,
+        strategy: TokensInheritanceStrategy,
+    ) -> Result<VerboseResult<()>, ConfigError> {
+        let (config, state, now) = self.bucket.replace(config, strategy)?;
+        Ok(VerboseResult::new((), config, state, now))
     }
 
     /// An operation that never fails (no argument to check).

@@ -114,8 +114,21 @@ macro_rules! answer {
             Op::IgnoringLimits(n) => format!("{:?}", b.consume_ignoring_rate_limits(*n)),
             Op::Reserve(n, w) => format!("{:?}", b.reserve(*n, Duration::from_nanos(*w))),
             Op::Replace(c, s) => {
+                // Verbosely: the state it answers is the state the bucket then holds.
                 let to = config(*c, 3, 1_000_000_000, None);
-                format!("{:?}", b.replace_configuration(to, strategy(*s)))
+                let r = b.as_verbose().replace_configuration(to, strategy(*s));
+                if let Ok(r) = &r {
+                    assert_eq!(
+                        r.state(),
+                        b.snapshot().state(),
+                        "the verbose replacement's state"
+                    );
+                    assert_eq!(r.configuration(), &b.configuration());
+                }
+                format!(
+                    "{:?}",
+                    r.map(|r| (r.available_tokens_per_bandwidth(), r.time_until_full()))
+                )
             }
             Op::Verbose(n) => {
                 let v = b.as_verbose().try_consume(*n);

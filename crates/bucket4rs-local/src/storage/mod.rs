@@ -44,7 +44,8 @@ pub trait Storage: sealed::Sealed {
     ) -> Result<(O::Output, BucketConfiguration), OperationError>;
 
     /// Replaces configuration and state with what `f` computes from the current ones,
-    /// atomically, at clock reading `now`.
+    /// atomically, at clock reading `now`. `f` may be called more than once (a lost race);
+    /// what is committed is what its last call returned.
     #[doc(hidden)]
     fn replace_with<F>(&self, now: i64, f: F) -> Result<(), ConfigError>
     where
