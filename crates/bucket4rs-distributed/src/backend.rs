@@ -116,6 +116,16 @@ pub trait Transaction: Send {
     /// The margin the manager adds to every TTL (for native paths that compute TTLs).
     fn ttl_margin(&self) -> Duration;
 
+    /// When the caller stops waiting: the call's start plus the manager's
+    /// [`timeout`](crate::ManagerBuilder::timeout) (`None` on an in-process backend, which
+    /// never waits). A call that failed with a timeout must have changed nothing, so a remote
+    /// backend hands this moment to its server and the server refuses to run a transaction
+    /// that reaches it later (a command that sat in a frozen server's socket, say). The
+    /// default, `None`, is for transactions built outside a manager.
+    fn deadline(&self) -> Option<std::time::Instant> {
+        None
+    }
+
     /// Decides what to write given the key's current record (`None`: absent or expired).
     ///
     /// `backend_now` is the instant to compute at: the backend's clock (nanoseconds since

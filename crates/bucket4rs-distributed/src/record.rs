@@ -236,21 +236,20 @@ pub(crate) fn apply_bytes(
     })
 }
 
-/// The TTL of a stored state: time until every bandwidth is full, plus the margin.
+/// The TTL of a stored state: from `now` until the moment a record recreated from its
+/// configuration would answer every later request exactly as this one
+/// ([`BucketState::forgettable_at`]), plus the margin; `None` (keep the record) when no such
+/// moment exists: initial tokens below capacity, interval refill, tokens above capacity.
+/// Expiry then never changes an answer.
 pub(crate) fn ttl_of(
     config: &BucketConfiguration,
     state: &BucketState,
     now: i64,
     margin: Duration,
 ) -> Option<Duration> {
-    let b = state.bandwidths();
-    let wait =
-        ops::Refilled::new(config, now, |i| b.get(i).copied().unwrap_or_default()).reset_wait(0);
-    if wait >= bucket4rs_core::MAX_NANOS {
-        None
-    } else {
-        Some(Duration::from_nanos(wait).saturating_add(margin))
-    }
+    let at = state.forgettable_at(config, now)?;
+    let wait = u64::try_from(at.saturating_sub(now)).unwrap_or(0);
+    Some(Duration::from_nanos(wait).saturating_add(margin))
 }
 
 /// The reading a transaction runs at: the backend's, else the client clock's.

@@ -502,12 +502,17 @@ impl<B: Backend> ProxyManager<B> {
             // Never waits and never asks for a retry: no timer, no retry loop.
             return inner.backend.transact(key, tx).await.map_err(backend_error);
         }
+        // Every attempt carries the moment the caller gives up, for the server to check.
+        let mut tx = Deadlined {
+            deadline: std::time::Instant::now() + inner.timeout,
+            tx,
+        };
         // Boxed (one allocation next to a network round trip): the timer and the retry
         // sleep would otherwise be part of every call's future, in-process ones too.
         Box::pin(with_timeout(inner.timeout, async {
             let mut attempt = 0;
             loop {
-                match inner.backend.transact(key, tx).await {
+                match inner.backend.transact(key, &mut tx).await {
                     Ok(()) => return Ok(()),
                     Err(e) if e.is_retryable() && attempt + 1 < inner.retry.max_attempts => {
                         tokio::time::sleep(inner.retry.backoff(attempt)).await;
@@ -534,6 +539,36 @@ impl<B: Backend> Inner<B> {
             return f().await.map_err(backend_error);
         }
         with_timeout(self.timeout, async { retrying(&self.retry, f).await }).await
+    }
+}
+
+/// A transaction with the caller's deadline (see [`Transaction::deadline`]).
+struct Deadlined<'a> {
+    tx: &'a mut dyn Transaction,
+    deadline: std::time::Instant,
+}
+
+impl Transaction for Deadlined<'_> {
+    fn command(&self) -> crate::backend::Command {
+        self.tx.command()
+    }
+    fn batch(&self) -> Option<&[crate::backend::Command]> {
+        self.tx.batch()
+    }
+    fn needs_backend_clock(&self) -> bool {
+        self.tx.needs_backend_clock()
+    }
+    fn client_now(&self) -> Option<i64> {
+        self.tx.client_now()
+    }
+    fn ttl_margin(&self) -> Duration {
+        self.tx.ttl_margin()
+    }
+    fn deadline(&self) -> Option<std::time::Instant> {
+        Some(self.deadline)
+    }
+    fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> crate::backend::Write {
+        self.tx.apply(current, backend_now)
     }
 }
 
