@@ -36,17 +36,25 @@ pub(crate) fn test(sh: &Shell) -> Result<()> {
     step("services: Redis and PostgreSQL");
     services::ensure(sh)?;
     step("test");
-    // The conformance runners (every test named `…replays…`) run next, uncaptured, so that
-    // each prints its `conformance: N traces, M steps passed (engine: …)` line.
+    // The conformance runners (every test named `…replays…`) and the fault suite (every test
+    // named `fault_…`, each starting its own throwaway servers) run next, uncaptured, so that
+    // each prints what it checked: `conformance: N traces, M steps passed (engine: …)`,
+    // `fault: …` with the figures it measured.
     cmd!(
         sh,
-        "cargo test --workspace --all-features -- --skip replays"
+        "cargo test --workspace --all-features -- --skip replays --skip fault_"
     )
     .run()?;
     step("test: every conformance runner on the Bucket4j traces");
     cmd!(
         sh,
         "cargo test --workspace --all-features replays -- --nocapture"
+    )
+    .run()?;
+    step("test: the fault suite (own servers frozen, killed, restarted; corrupt records)");
+    cmd!(
+        sh,
+        "cargo test --workspace --all-features fault_ -- --nocapture --test-threads 1"
     )
     .run()?;
     other_conformance_dir(sh)?;
