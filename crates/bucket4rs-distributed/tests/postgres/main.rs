@@ -4,7 +4,7 @@
 //! own throwaway server and never touches the shared one.
 #![cfg(feature = "postgres")]
 
-#[path = "it/common.rs"]
+#[path = "../it/common.rs"]
 #[allow(dead_code)] // shared with the `it` binary, which uses more of it
 mod common;
 
@@ -879,10 +879,61 @@ impl OwnPostgres {
     fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
+
+    /// The postmaster and every process it started (backends, checkpointer, …).
+    fn pids(&self) -> Vec<u32> {
+        let Ok(pidfile) = std::fs::read_to_string(self.dir.join("data/postmaster.pid")) else {
+            return Vec::new();
+        };
+        let Some(master) = pidfile
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse::<u32>().ok())
+        else {
+            return Vec::new();
+        };
+        let mut pids = vec![master];
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // pid (comm) state ppid …: the fields after the last ')'.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(master) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to every process of this cluster, by pid.
+    fn signal(&self, signal: &str) -> usize {
+        let pids = self.pids();
+        for pid in &pids {
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(pid.to_string())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+        pids.len()
+    }
 }
 
 impl Drop for OwnPostgres {
     fn drop(&mut self) {
+        // A test that panicked while the cluster was frozen must not leave it stopped.
+        self.signal("CONT");
         self.stop("immediate");
         let _ = std::fs::remove_dir_all(&self.dir);
     }
