@@ -7,6 +7,7 @@
 #[path = "../it/common.rs"]
 #[allow(dead_code)] // shared with the `it` binary, which uses more of it
 mod common;
+mod fault;
 
 use std::path::PathBuf;
 use std::process::Command;
