@@ -10,8 +10,9 @@ use bucket4rs_distributed::{
     format,
 };
 
-use super::{OwnPostgres, backend_with, multi_thread, raw_at};
+use super::{backend_with, multi_thread, raw_at};
 use crate::common::simple;
+use crate::own::OwnPostgres;
 
 /// A started cluster of our own, a connected backend on `table` (migrated), and a raw client.
 async fn own_backend(
