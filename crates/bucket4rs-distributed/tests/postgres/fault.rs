@@ -503,3 +503,104 @@ fn fault_postgres_expiry_is_total_at_the_extremes_of_the_clock() {
         );
     });
 }
+
+/// A transaction that writes fixed bytes, with a deadline of its own.
+struct Late {
+    record: Vec<u8>,
+    deadline: Instant,
+    applied: u32,
+}
+
+impl bucket4rs_distributed::Transaction for Late {
+    fn command(&self) -> bucket4rs_distributed::Command {
+        bucket4rs_distributed::Command::TryConsume(1)
+    }
+    fn needs_backend_clock(&self) -> bool {
+        false
+    }
+    fn client_now(&self) -> Option<i64> {
+        Some(0)
+    }
+    fn ttl_margin(&self) -> Duration {
+        Duration::ZERO
+    }
+    fn deadline(&self) -> Option<Instant> {
+        Some(self.deadline)
+    }
+    fn apply(&mut self, _: Option<&[u8]>, _: Option<i64>) -> bucket4rs_distributed::Write {
+        self.applied += 1;
+        bucket4rs_distributed::Write::Put {
+            record: self.record.clone(),
+            ttl: None,
+        }
+    }
+}
+
+/// A write that reaches PostgreSQL after its deadline writes nothing, on every path: the
+/// one-statement `INSERT` and `UPDATE` and the locking fallback's (whose `COMMIT` follows in
+/// the same pipeline). The same writes in time go through.
+#[test]
+fn fault_postgres_a_write_past_its_deadline_changes_nothing_on_every_path() {
+    use bucket4rs_distributed::{Backend, BackendErrorKind};
+    let server = started();
+    let rt = multi_thread();
+    rt.block_on(async {
+        let table = "deadline";
+        let mut refused = 0;
+        for rounds in [2, 0] {
+            let options = PostgresOptions::default().optimistic_rounds(rounds);
+            let (backend, raw) = own_backend(&server, table, options).await;
+            let manager = ProxyManager::new(backend.clone());
+            let b = manager
+                .builder()
+                .build(format!("r{rounds}"), || simple(10, Duration::from_secs(10)))
+                .unwrap();
+            let key = b.key().clone();
+            let config = simple(10, Duration::from_secs(10));
+            let bytes = |tokens: i64| {
+                let state = bucket4rs_core::BucketState::from_bandwidths(vec![
+                    bucket4rs_core::BandwidthState::from_parts(0, tokens, 0),
+                ]);
+                format::encode(&config, &state)
+            };
+            // Absent key, then a present one (the cached basis is the row just written).
+            for (tokens, before) in [(7, None), (3, Some(bytes(5)))] {
+                if let Some(present) = &before {
+                    let mut on_time = Late {
+                        record: present.clone(),
+                        deadline: Instant::now() + Duration::from_secs(5),
+                        applied: 0,
+                    };
+                    backend.transact(&key, &mut on_time).await.unwrap();
+                }
+                let was = row(&raw, table, key.as_str()).await;
+                let mut late = Late {
+                    record: bytes(tokens),
+                    // Already past: the statement arrives after it however fast it is.
+                    deadline: Instant::now() - Duration::from_millis(1),
+                    applied: 0,
+                };
+                let r = backend.transact(&key, &mut late).await;
+                assert!(
+                    r.as_ref()
+                        .is_err_and(|e| e.kind() == BackendErrorKind::Timeout),
+                    "rounds {rounds}: {r:?}"
+                );
+                assert!(late.applied >= 1);
+                assert_eq!(row(&raw, table, key.as_str()).await, was, "rounds {rounds}");
+                refused += 1;
+                let mut in_time = Late {
+                    record: bytes(tokens),
+                    deadline: Instant::now() + Duration::from_secs(5),
+                    applied: 0,
+                };
+                backend.transact(&key, &mut in_time).await.unwrap();
+                let now = row(&raw, table, key.as_str()).await.unwrap();
+                assert_eq!(now.0, bytes(tokens), "rounds {rounds}");
+            }
+        }
+        println!(
+            "fault: postgres writes past their deadline: {refused} of 4 refused, rows unchanged"
+        );
+    });
+}
