@@ -64,14 +64,17 @@ const LOCKED_ATTEMPTS: u32 = 4;
 ///     key        text COLLATE "C" PRIMARY KEY,  -- the storage key (ASCII, percent-encoded)
 ///     state      bytea NOT NULL,                -- the shared record format (crate::format)
 ///     version    bigint NOT NULL,               -- +1 on every write (compare-and-set)
-///     expires_at timestamptz                    -- full again + margin; NULL: never
+///     expires_at timestamptz                    -- forgettable + margin; NULL: never
 /// ) WITH (fillfactor = 80);                     -- room for HOT updates
 /// ```
 ///
 /// An operation is one autocommit statement in the common case, also on a key's first
 /// use; under contention from other processes, one more per lost compare-and-set, and after
 /// [`PostgresOptions::optimistic_rounds`] lost ones in a row a locking transaction of two
-/// round trips that always makes progress. Expired
+/// round trips that always makes progress. A write never takes effect after the caller's
+/// deadline ([`Transaction::deadline`], judged on the database clock), and the compare-and-set
+/// compares the stored bytes as well as the version. A row expires only when a recreated
+/// bucket would answer alike (else `expires_at` is NULL); expired
 /// rows read as absent and are deleted in batches by [`reap_expired`](Self::reap_expired)
 /// or a [`spawn_reaper`](Self::spawn_reaper) task. Blocking callers use
 /// [`RemoteBucket::blocking`](crate::RemoteBucket::blocking), as with every backend.
