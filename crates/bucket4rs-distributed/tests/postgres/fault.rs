@@ -280,7 +280,7 @@ fn fault_postgres_a_row_edited_without_a_new_version_is_read_not_overwritten() {
         assert!(other.try_consume(7).await.unwrap()); // 3 tokens, same instant
         let edited = row(&raw, table, other.key().as_str()).await.unwrap();
         let mut stored = row(&raw, table, a.key().as_str()).await.unwrap();
-        stored.0 = edited.0;
+        stored.0 = edited.0.clone();
         put_row(&raw, table, a.key().as_str(), &stored).await; // same version, 3 tokens
         assert!(a.try_consume(1).await.unwrap());
         let left = a.available_tokens().await.unwrap();
@@ -291,6 +291,14 @@ fn fault_postgres_a_row_edited_without_a_new_version_is_read_not_overwritten() {
         let now = row(&raw, table, a.key().as_str()).await.unwrap();
         assert_eq!(now.1, stored.1 + 1);
         assert_eq!(tokens(&now.0), 2);
+        // A read computed on the cache is confirmed on the bytes too: edited back to 3 tokens
+        // without a new version, the bucket reads 3.
+        let mut back = now.clone();
+        back.0 = edited.0.clone();
+        put_row(&raw, table, a.key().as_str(), &back).await;
+        let read = a.available_tokens().await.unwrap();
+        println!("fault: postgres hand-edited row read back: {read} tokens (edited to 3)");
+        assert_eq!(read, 3);
     });
 }
 
