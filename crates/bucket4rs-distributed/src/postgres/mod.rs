@@ -22,8 +22,8 @@
 //!   database clock, and writes nothing when `clock_timestamp()` has passed it (a statement
 //!   that sat in a frozen server's socket, say): the call then fails with a timeout and has
 //!   changed nothing. The conversion errs early: the offset between the clocks is measured
-//!   on every reply (the reading lags by the reply's transit) and one round trip is
-//!   subtracted for the write's own commit and reply.
+//!   on every reply (the reading lags by the reply's transit) and a reply margin (twice the
+//!   last round trip, at least 1 ms) is subtracted for the write's own commit and reply.
 
 mod options;
 mod sql;
@@ -362,12 +362,19 @@ impl PostgresBackend {
 
     /// The caller's deadline on the database clock, in µs: the estimate of
     /// `clock_timestamp()` (which lags it by up to the last reply's transit, so it errs
-    /// early) plus the time left, less one round trip (the write's commit and reply must
-    /// arrive before the caller gives up). A statement that runs later writes nothing.
+    /// early) plus the time left, less a reply margin of twice the last round trip, at least
+    /// 1 ms, at most half the time left (the write's commit and reply must arrive before the
+    /// caller gives up). A statement that runs later writes nothing.
     fn db_deadline_us(&self, deadline: Option<Instant>) -> Option<i64> {
         let left = deadline?.saturating_duration_since(Instant::now());
         let left = i64::try_from(left.as_nanos()).unwrap_or(i64::MAX);
-        let rtt = self.inner.rtt.load(Ordering::Relaxed).min(left / 2);
+        let rtt = self
+            .inner
+            .rtt
+            .load(Ordering::Relaxed)
+            .saturating_mul(2)
+            .max(1_000_000)
+            .min(left / 2);
         let at = self
             .estimate_db_now()
             .saturating_add(left)
