@@ -7,7 +7,8 @@
 //!   per-key async mutex (tasks of one process never race each other on the database).
 //! - The core computes the operation on that cached record (absent key: on nothing), and the
 //!   result is written with ONE compare-and-set statement: `INSERT … ON CONFLICT DO NOTHING`
-//!   when the key was believed absent, `UPDATE … WHERE key = $1 AND version = $v` otherwise.
+//!   when the key was believed absent, `UPDATE … WHERE key = $1 AND version = $v AND state =
+//!   $bytes` otherwise (the bytes too: a row edited by hand without a new version is noticed).
 //!   The same statement returns the row as it currently is when the compare-and-set lost, so
 //!   a retry needs one more statement, not a read plus a write.
 //! - Read-only results are confirmed by a plain `SELECT` of the version (one round trip).
@@ -17,6 +18,12 @@
 //!   (pipelined, one round trip). The lock is held for one client round trip.
 //! - Otherwise rows are locked only inside one autocommit statement; `lock_timeout` and
 //!   `statement_timeout` are set on every connection at start-up.
+//! - Every write carries the caller's deadline ([`Transaction::deadline`]) converted to the
+//!   database clock, and writes nothing when `clock_timestamp()` has passed it (a statement
+//!   that sat in a frozen server's socket, say): the call then fails with a timeout and has
+//!   changed nothing. The conversion errs early: the offset between the clocks is measured
+//!   on every reply (the reading lags by the reply's transit) and a reply margin (twice the
+//!   last round trip, at least 1 ms) is subtracted for the write's own commit and reply.
 
 mod options;
 mod sql;
@@ -26,6 +33,7 @@ use core::fmt;
 use core::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use core::time::Duration;
 use std::sync::Arc;
+use std::time::Instant;
 
 use async_trait::async_trait;
 use dashmap::DashMap;
@@ -56,14 +64,17 @@ const LOCKED_ATTEMPTS: u32 = 4;
 ///     key        text COLLATE "C" PRIMARY KEY,  -- the storage key (ASCII, percent-encoded)
 ///     state      bytea NOT NULL,                -- the shared record format (crate::format)
 ///     version    bigint NOT NULL,               -- +1 on every write (compare-and-set)
-///     expires_at timestamptz                    -- full again + margin; NULL: never
+///     expires_at timestamptz                    -- forgettable + margin; NULL: never
 /// ) WITH (fillfactor = 80);                     -- room for HOT updates
 /// ```
 ///
 /// An operation is one autocommit statement in the common case, also on a key's first
 /// use; under contention from other processes, one more per lost compare-and-set, and after
 /// [`PostgresOptions::optimistic_rounds`] lost ones in a row a locking transaction of two
-/// round trips that always makes progress. Expired
+/// round trips that always makes progress. A write never takes effect after the caller's
+/// deadline ([`Transaction::deadline`], judged on the database clock), and the compare-and-set
+/// compares the stored bytes as well as the version. A row expires only when a recreated
+/// bucket would answer alike (else `expires_at` is NULL); expired
 /// rows read as absent and are deleted in batches by [`reap_expired`](Self::reap_expired)
 /// or a [`spawn_reaper`](Self::spawn_reaper) task. Blocking callers use
 /// [`RemoteBucket::blocking`](crate::RemoteBucket::blocking), as with every backend.
@@ -99,6 +110,8 @@ struct Inner {
     slots: DashMap<StorageKey, Slot>,
     /// `clock_timestamp()` minus the client's wall clock, in ns (last measurement).
     offset: AtomicI64,
+    /// The last statement's round trip, in ns.
+    rtt: AtomicI64,
     counters: Counters,
 }
 
@@ -164,6 +177,7 @@ impl PostgresBackend {
                 sql,
                 slots: DashMap::new(),
                 offset: AtomicI64::new(0),
+                rtt: AtomicI64::new(0),
                 counters: Counters::default(),
             }),
         };
@@ -341,6 +355,33 @@ impl PostgresBackend {
         wall_nanos().saturating_add(self.inner.offset.load(Ordering::Relaxed))
     }
 
+    fn observe_rtt(&self, since: Instant) {
+        let ns = i64::try_from(since.elapsed().as_nanos()).unwrap_or(i64::MAX);
+        self.inner.rtt.store(ns, Ordering::Relaxed);
+    }
+
+    /// The caller's deadline on the database clock, in µs: the estimate of
+    /// `clock_timestamp()` (which lags it by up to the last reply's transit, so it errs
+    /// early) plus the time left, less a reply margin of twice the last round trip, at least
+    /// 1 ms, at most half the time left (the write's commit and reply must arrive before the
+    /// caller gives up). A statement that runs later writes nothing.
+    fn db_deadline_us(&self, deadline: Option<Instant>) -> Option<i64> {
+        let left = deadline?.saturating_duration_since(Instant::now());
+        let left = i64::try_from(left.as_nanos()).unwrap_or(i64::MAX);
+        let rtt = self
+            .inner
+            .rtt
+            .load(Ordering::Relaxed)
+            .saturating_mul(2)
+            .max(1_000_000)
+            .min(left / 2);
+        let at = self
+            .estimate_db_now()
+            .saturating_add(left)
+            .saturating_sub(rtt);
+        Some(at.div_euclid(1_000))
+    }
+
     /// The locking fallback of [`Backend::transact`]: `BEGIN` + `SELECT … FOR UPDATE`
     /// (pipelined), compute, then the write + `COMMIT` (pipelined). On success the committed
     /// row becomes the cached basis, so the key's next call is optimistic again.
@@ -406,29 +447,38 @@ impl PostgresBackend {
                 Write::Put { record, ttl } => (record, ttl),
             };
             let ttl_us = ttl_micros(ttl);
+            let deadline_us = self.db_deadline_us(tx.deadline());
             inner.counters.round_trips.fetch_add(1, Ordering::Relaxed);
             let (written, committed) = match &basis {
                 Basis::Absent => {
                     both(
-                        c.query_opt(&insert, &[&key_str, &record, &ttl_us]),
+                        c.query_one(&insert, &[&key_str, &record, &ttl_us, &deadline_us]),
                         c.batch_execute("COMMIT"),
                     )
                     .await
                 }
                 Basis::Row { version, .. } => {
                     both(
-                        c.query_opt(&update, &[&key_str, &record, &ttl_us, version]),
+                        c.query_one(
+                            &update,
+                            &[&key_str, &record, &ttl_us, version, &deadline_us],
+                        ),
                         c.batch_execute("COMMIT"),
                     )
                     .await
                 }
             };
+            let written = written.map(|row| {
+                let get = |e: tokio_postgres::Error| protocol(&e.to_string());
+                let version: Option<i64> = row.try_get(0).map_err(get)?;
+                let late: bool = row.try_get(1).map_err(get)?;
+                Ok::<_, BackendError>((version, late))
+            });
             match (written, committed) {
                 // The transaction ended either way: a COMMIT after a failed statement rolls
                 // back (and reports no error).
-                (Ok(Some(row)), Ok(())) => {
+                (Ok(Ok((Some(version), _))), Ok(())) => {
                     conn.set_open(false);
-                    let version: i64 = row.try_get(0).map_err(|e| protocol(&e.to_string()))?;
                     *cached = Some(Basis::Row {
                         version,
                         record,
@@ -436,19 +486,32 @@ impl PostgresBackend {
                     });
                     return Ok(());
                 }
+                (Ok(Ok((None, true))), Ok(())) => {
+                    conn.set_open(false);
+                    *cached = Some(basis);
+                    return Err(late_error());
+                }
+                (Ok(Err(e)), Ok(())) => {
+                    conn.set_open(false);
+                    return Err(e);
+                }
                 (Err(e), Ok(())) => {
                     conn.set_open(false);
                     return Err(map_pg(e));
                 }
                 // The key was absent when read (nothing to lock) and another client created
                 // it since: nothing was written; lock the row it created.
-                (Ok(None), Ok(())) => {
+                (Ok(Ok((None, false))), Ok(())) => {
                     conn.set_open(false);
                     inner.counters.conflicts.fetch_add(1, Ordering::Relaxed);
                 }
                 (written, Err(e)) => {
                     self.rollback(&conn).await;
-                    return Err(map_pg(written.err().unwrap_or(e)));
+                    let first = match written {
+                        Err(w) => map_pg(w),
+                        _ => map_pg(e),
+                    };
+                    return Err(first);
                 }
             }
         }
@@ -559,7 +622,9 @@ impl Backend for PostgresBackend {
                 ),
                 Write::Put { record, ttl } => (prepared, Some((record, ttl))),
             };
+            let deadline_us = self.db_deadline_us(tx.deadline());
             inner.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+            let sent = Instant::now();
             let row = match &record {
                 None => client.query_one(&stmt, &[&key_str]).await,
                 Some((rec, ttl)) => {
@@ -569,12 +634,21 @@ impl Backend for PostgresBackend {
                             client
                                 .query_one(
                                     &stmt,
-                                    &[&key_str, rec, &ttl_us, &guard_us, &tolerance_us],
+                                    &[
+                                        &key_str,
+                                        rec,
+                                        &ttl_us,
+                                        &guard_us,
+                                        &tolerance_us,
+                                        &deadline_us,
+                                    ],
                                 )
                                 .await
                         }
                         Basis::Row {
-                            version, expired, ..
+                            version,
+                            expired,
+                            record: was,
                         } => {
                             client
                                 .query_one(
@@ -587,6 +661,8 @@ impl Backend for PostgresBackend {
                                         &tolerance_us,
                                         version,
                                         expired,
+                                        was,
+                                        &deadline_us,
                                     ],
                                 )
                                 .await
@@ -595,8 +671,14 @@ impl Backend for PostgresBackend {
                 }
             }
             .map_err(map_pg)?;
+            self.observe_rtt(sent);
             let r = reply(&row)?;
             self.observe_clock(r.clock_us);
+            if r.late && !r.ok {
+                // Nothing written; the row it answered is the key's real one.
+                *cached = Some(r.basis);
+                return Err(late_error());
+            }
             let in_tolerance = guard_us
                 .is_none_or(|g| g <= r.clock_us && g >= r.clock_us.saturating_sub(tolerance_us));
             let done = match &record {

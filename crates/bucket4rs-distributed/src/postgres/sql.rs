@@ -77,18 +77,20 @@ impl Basis {
     pub(super) fn same_row(&self, other: &Self) -> bool {
         match (self, other) {
             (Self::Absent, Self::Absent) => true,
+            // The bytes as well as the version: a row edited by hand without a new version
+            // is another row.
             (
                 Self::Row {
                     version: a,
+                    record: r,
                     expired: x,
-                    ..
                 },
                 Self::Row {
                     version: b,
+                    record: s,
                     expired: y,
-                    ..
                 },
-            ) => a == b && x == y,
+            ) => a == b && x == y && r == s,
             _ => false,
         }
     }
@@ -119,30 +121,60 @@ pub(super) const EXPIRES: &str =
 pub(super) const LOCK_EXPIRES: &str = "CASE WHEN $3::int8 IS NULL THEN NULL \
      ELSE clock_timestamp() + $3::int8 * interval '1 microsecond' END";
 
+/// `clock_timestamp()` in µs since the epoch, read where it is evaluated: in an `UPDATE`'s
+/// `WHERE`, again after a wait for the row lock (PostgreSQL re-checks the row's conditions).
+const CLOCK_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::int8";
+
+/// The write's deadline condition: parameter `$n` (µs on the database clock, NULL: none) not
+/// passed yet.
+fn in_time(n: u8) -> String {
+    format!("(${n}::int8 IS NULL OR {CLOCK_US} <= ${n}::int8)")
+}
+
+/// Whether the deadline `$n` has passed (the `late` column of a write that did not happen).
+fn late(n: u8) -> String {
+    format!("(${n}::int8 IS NOT NULL AND {CLOCK_US} > ${n}::int8)")
+}
+
 impl Sql {
     pub(super) fn new(t: &str) -> Self {
         // Result columns of every statement: version (NULL: no row), state, expired,
-        // clock (µs since the epoch, `clock_timestamp()`), ok (the write happened).
-        let fallback = format!(
-            "SELECT r.version, r.state, (r.expires_at IS NOT NULL AND r.expires_at <= now()), c.us, false \
-             FROM c LEFT JOIN {t} r ON r.key = $1::text WHERE NOT EXISTS (SELECT 1 FROM w)"
-        );
+        // clock (µs since the epoch, `clock_timestamp()`), ok (the write happened), late (the
+        // write did not happen because its deadline had passed).
+        let fallback = |deadline: u8| {
+            format!(
+                "SELECT r.version, r.state, (r.expires_at IS NOT NULL AND r.expires_at <= now()), \
+                 c.us, false, {} FROM c LEFT JOIN {t} r ON r.key = $1::text \
+                 WHERE NOT EXISTS (SELECT 1 FROM w)",
+                late(deadline)
+            )
+        };
+        // Parameters: $1 key, $2 record, $3 TTL (µs), $4 the instant computed at (µs, NULL:
+        // client clock), $5 its tolerance (µs), $6 the deadline (µs, database clock).
         let insert = format!(
             "WITH {CLOCK_CTE}, w AS (INSERT INTO {t} AS r (key, state, version, expires_at) \
-             SELECT $1::text, $2::bytea, 1, {EXPIRES} FROM c WHERE {GUARD} \
+             SELECT $1::text, $2::bytea, 1, {EXPIRES} FROM c WHERE {GUARD} AND {} \
              ON CONFLICT (key) DO NOTHING RETURNING r.version) \
-             SELECT w.version, NULL::bytea, false, c.us, true FROM w, c UNION ALL {fallback}"
+             SELECT w.version, NULL::bytea, false, c.us, true, false FROM w, c UNION ALL {}",
+            in_time(6),
+            fallback(6)
         );
+        // Parameters: as `insert` up to $5, then $6 the basis's version, $7 whether the basis
+        // had expired, $8 the basis's bytes (a row edited without a new version differs), $9
+        // the deadline.
         let update = format!(
             "WITH {CLOCK_CTE}, w AS (UPDATE {t} AS r SET state = $2::bytea, version = r.version + 1, \
              expires_at = {EXPIRES} FROM c WHERE r.key = $1::text AND r.version = $6::int8 \
-             AND ($7::bool OR r.expires_at IS NULL OR r.expires_at > now()) AND {GUARD} \
+             AND r.state = $8::bytea \
+             AND ($7::bool OR r.expires_at IS NULL OR r.expires_at > now()) AND {GUARD} AND {} \
              RETURNING r.version) \
-             SELECT w.version, NULL::bytea, false, c.us, true FROM w, c UNION ALL {fallback}"
+             SELECT w.version, NULL::bytea, false, c.us, true, false FROM w, c UNION ALL {}",
+            in_time(9),
+            fallback(9)
         );
         let read = format!(
             "WITH {CLOCK_CTE} SELECT r.version, r.state, \
-             (r.expires_at IS NOT NULL AND r.expires_at <= now()), c.us, false \
+             (r.expires_at IS NOT NULL AND r.expires_at <= now()), c.us, false, false \
              FROM c LEFT JOIN {t} r ON r.key = $1::text"
         );
         // The locking fallback. Columns: version (NULL: no row), state, expires_at (µs since
@@ -150,21 +182,29 @@ impl Sql {
         // above the join, so it is read after the row lock was granted; FOR UPDATE sits in
         // the subquery because it cannot apply to the nullable side of an outer join.
         let lock_read = format!(
-            "SELECT x.version, x.state, x.exp, \
-             (extract(epoch FROM clock_timestamp()) * 1000000)::int8 \
+            "SELECT x.version, x.state, x.exp, {CLOCK_US} \
              FROM (VALUES (1)) AS d(one) LEFT JOIN (SELECT r.version, r.state, \
              (extract(epoch FROM r.expires_at) * 1000000)::int8 AS exp \
              FROM {t} AS r WHERE r.key = $1::text FOR UPDATE) AS x ON true"
         );
+        // The locked writes answer one row: the new version (NULL: nothing written) and
+        // whether the deadline had passed. Parameters: $1 key, $2 record, $3 TTL (µs), $4
+        // the deadline (insert) or the locked version (update, then $5 the deadline).
         let lock_insert = format!(
-            "INSERT INTO {t} AS r (key, state, version, expires_at) \
-             VALUES ($1::text, $2::bytea, 1, {LOCK_EXPIRES}) \
-             ON CONFLICT (key) DO NOTHING RETURNING r.version"
+            "WITH w AS (INSERT INTO {t} AS r (key, state, version, expires_at) \
+             SELECT $1::text, $2::bytea, 1, {LOCK_EXPIRES} WHERE {} \
+             ON CONFLICT (key) DO NOTHING RETURNING r.version) \
+             SELECT (SELECT version FROM w), {}",
+            in_time(4),
+            late(4)
         );
         let lock_update = format!(
-            "UPDATE {t} AS r SET state = $2::bytea, version = r.version + 1, \
+            "WITH w AS (UPDATE {t} AS r SET state = $2::bytea, version = r.version + 1, \
              expires_at = {LOCK_EXPIRES} WHERE r.key = $1::text AND r.version = $4::int8 \
-             RETURNING r.version"
+             AND {} RETURNING r.version) \
+             SELECT (SELECT version FROM w), {}",
+            in_time(5),
+            late(5)
         );
         let remove = format!(
             "DELETE FROM {t} WHERE key = $1::text \
@@ -263,10 +303,20 @@ pub(super) fn protocol(what: &str) -> BackendError {
     )
 }
 
+/// A write refused by PostgreSQL because the call's deadline had passed on its clock: nothing
+/// was written (the caller has given up, or is about to).
+pub(super) fn late_error() -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Timeout,
+        "the call's deadline had passed when PostgreSQL ran its write: nothing was written",
+    )
+}
+
 pub(super) struct Reply {
     pub(super) basis: Basis,
     pub(super) clock_us: i64,
     pub(super) ok: bool,
+    pub(super) late: bool,
     pub(super) version: Option<i64>,
 }
 
@@ -277,6 +327,7 @@ pub(super) fn reply(row: &Row) -> Result<Reply, BackendError> {
     let expired: Option<bool> = row.try_get(2).map_err(get)?;
     let clock_us: i64 = row.try_get(3).map_err(get)?;
     let ok: bool = row.try_get(4).map_err(get)?;
+    let late: bool = row.try_get(5).map_err(get)?;
     let basis = match (version, state) {
         (Some(version), Some(record)) => Basis::Row {
             version,
@@ -289,6 +340,7 @@ pub(super) fn reply(row: &Row) -> Result<Reply, BackendError> {
         basis,
         clock_us,
         ok,
+        late,
         version,
     })
 }

@@ -354,3 +354,163 @@ fn keys_of_every_length_are_distinct_buckets() {
         assert!(m.backend().is_empty());
     });
 }
+
+fn starts_empty() -> BucketConfiguration {
+    BucketConfiguration::builder()
+        .add_bandwidth(
+            Bandwidth::builder()
+                .capacity(5)
+                .refill_greedy(5, Duration::from_secs(2))
+                .initial_tokens(0)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap()
+}
+
+/// The issue's scenario: a plan whose buckets start empty. One request, wait past full, three
+/// requests, wait past full plus the margin, five requests: all five are granted, because
+/// the record is kept (a recreated one would start empty again).
+#[test]
+fn fault_expiry_never_takes_tokens_from_an_idle_bucket_that_starts_empty() {
+    let rt = runtime();
+    let clock = ManualClock::new(1_000_000_000);
+    let m = ProxyManager::configure(EmbeddedBackend::with_clock(clock.clone()))
+        .ttl_margin(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let bucket = m.builder().build("idle", starts_empty).unwrap();
+    let granted = rt.block_on(async {
+        assert!(!bucket.try_consume(1).await.unwrap());
+        clock.advance(Duration::from_millis(2_500));
+        for _ in 0..3 {
+            assert!(bucket.try_consume(1).await.unwrap());
+        }
+        clock.advance(Duration::from_secs(6));
+        assert_eq!(
+            m.backend().sweep(),
+            0,
+            "a record that starts empty was forgotten"
+        );
+        let mut granted = 0;
+        for _ in 0..5 {
+            granted += u32::from(bucket.try_consume(1).await.unwrap());
+        }
+        granted
+    });
+    println!("fault: embedded expiry, initial 0: granted {granted} of 5 after idling full");
+    assert_eq!(granted, 5);
+    assert_eq!(m.backend().len(), 1);
+}
+
+/// Readings at the extremes of the clock (near `i64::MAX`, around 0, negative): a used bucket
+/// is never counted as forgettable and answers as a local bucket on the same clock would;
+/// a full one is forgotten only where it is full.
+#[test]
+fn fault_embedded_expiry_is_total_at_the_extremes_of_the_clock() {
+    let rt = runtime();
+    for start in [
+        i64::MAX - 1,
+        i64::MAX - 1_000_000_000,
+        i64::MAX / 2,
+        1,
+        0,
+        -1,
+        -1_000_000_000_000_000_000,
+        i64::MIN + 1,
+    ] {
+        let clock = ManualClock::new(start);
+        let m = ProxyManager::new(EmbeddedBackend::with_clock(clock.clone()));
+        let config = simple(10, Duration::from_secs(10));
+        let local = bucket4rs_local::Bucket::builder()
+            .with_configuration(&config)
+            .with_clock(clock.clone())
+            .build()
+            .unwrap();
+        let bucket = m.builder().build("edge", move || config.clone()).unwrap();
+        rt.block_on(async {
+            assert_eq!(
+                bucket.try_consume(3).await.unwrap(),
+                local.try_consume(3).unwrap(),
+                "{start}"
+            );
+            assert_eq!(m.backend().sweep(), 0, "a used bucket forgotten at {start}");
+            assert_eq!(m.backend().len(), 1, "{start}");
+            clock.advance_nanos(1);
+            assert_eq!(
+                bucket.available_tokens().await.unwrap(),
+                local.available_tokens(),
+                "{start}"
+            );
+            // 3 s later the bucket is full again, unless that reading is past the clock's end.
+            clock.advance(Duration::from_secs(3));
+            let full = start.checked_add(3_000_000_001).is_some();
+            assert_eq!(m.backend().sweep(), usize::from(full), "{start}");
+            assert_eq!(
+                bucket.available_tokens().await.unwrap(),
+                local.available_tokens(),
+                "{start}"
+            );
+        });
+    }
+    println!("fault: embedded clock extremes: 8 readings from i64::MIN+1 to i64::MAX-1 agree");
+}
+
+/// A wall-clock-based clock that steps backwards: `reset` and `add_tokens` while behind, then
+/// sweeps, never hand out more tokens than a local bucket on the same clock (the issue saw
+/// 5 against 0 through an expiry and recreation).
+#[test]
+fn fault_a_clock_stepping_back_never_lets_a_recreated_bucket_grant_more_than_a_local_one() {
+    let rt = runtime();
+    let t0: i64 = 1_700_000_000_000_000_000;
+    let clock = ManualClock::wall_clock(t0);
+    let m = ProxyManager::configure(EmbeddedBackend::with_clock(clock.clone()))
+        .time_source(TimeSource::client(clock.clone()))
+        .build()
+        .unwrap();
+    let config = simple(5, Duration::from_secs(50));
+    let local = bucket4rs_local::Bucket::builder()
+        .with_configuration(&config)
+        .with_clock(clock.clone())
+        .build()
+        .unwrap();
+    let bucket = m.builder().build("back", move || config.clone()).unwrap();
+    let (mut remote_granted, mut local_granted) = (0, 0);
+    rt.block_on(async {
+        let drain = async |remote: &mut u32, here: &mut u32| {
+            for _ in 0..5 {
+                *remote += u32::from(bucket.try_consume(1).await.unwrap());
+                *here += u32::from(local.try_consume(1).unwrap());
+            }
+        };
+        drain(&mut remote_granted, &mut local_granted).await;
+        // The wall clock steps back a minute.
+        clock.set_nanos(t0 - 60_000_000_000);
+        bucket.reset().await.unwrap();
+        local.reset();
+        drain(&mut remote_granted, &mut local_granted).await;
+        m.backend().sweep();
+        clock.advance(Duration::from_secs(1));
+        bucket.add_tokens(1).await.unwrap();
+        local.add_tokens(1).unwrap();
+        m.backend().sweep();
+        drain(&mut remote_granted, &mut local_granted).await;
+        // Back to the true time, and a little later.
+        clock.set_nanos(t0 + 1_000_000_000);
+        m.backend().sweep();
+        drain(&mut remote_granted, &mut local_granted).await;
+        assert_eq!(
+            bucket.available_tokens().await.unwrap(),
+            local.available_tokens()
+        );
+    });
+    println!(
+        "fault: embedded clock stepping back: granted {remote_granted}, a local bucket {local_granted}"
+    );
+    assert!(
+        remote_granted <= local_granted,
+        "{remote_granted} > {local_granted}"
+    );
+    assert_eq!(remote_granted, local_granted);
+}

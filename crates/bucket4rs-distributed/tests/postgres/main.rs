@@ -1,14 +1,16 @@
 //! The PostgreSQL backend against a real PostgreSQL (`BUCKET4RS_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`). An unreachable PostgreSQL fails these tests
-//! loudly. Every test uses its own table and drops it at the end; the restart test runs its
-//! own throwaway server and never touches the shared one.
+//! loudly. Every test uses its own table and drops it at the end; the restart test and the
+//! fault tests (`fault.rs`) run throwaway servers of their own (`own.rs`) and never touch the
+//! shared one.
 #![cfg(feature = "postgres")]
 
-#[path = "it/common.rs"]
+#[path = "../it/common.rs"]
 #[allow(dead_code)] // shared with the `it` binary, which uses more of it
 mod common;
+mod fault;
+mod own;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +25,7 @@ use crate::common::{
     build, drain_after_restart, epoch_ms, hammer_hot_key, patient, reported, run_children, runtime,
     simple,
 };
+use crate::own::OwnPostgres;
 
 fn url() -> String {
     std::env::var("BUCKET4RS_POSTGRES_URL")
@@ -791,101 +794,6 @@ fn a_lock_holder_blocks_callers_only_until_the_timeouts_and_termination_frees_th
         // Nothing was granted twice or lost by the failed calls.
         assert_eq!(b.available_tokens().await.unwrap(), 98);
     });
-}
-
-/// A PostgreSQL of our own (never the shared one): initdb + pg_ctl as user postgres on a
-/// free loopback port in a temporary directory.
-struct OwnPostgres {
-    bin: PathBuf,
-    dir: PathBuf,
-    port: u16,
-}
-
-impl OwnPostgres {
-    fn bin() -> PathBuf {
-        let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-            .expect("PostgreSQL server binaries under /usr/lib/postgresql are required")
-            .filter_map(|e| e.ok())
-            .map(|e| e.path().join("bin"))
-            .filter(|p| p.join("pg_ctl").exists())
-            .collect();
-        found.sort();
-        found.pop().expect("no /usr/lib/postgresql/*/bin/pg_ctl")
-    }
-
-    fn as_postgres(&self, tool: &str) -> Command {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(self.bin.join(tool));
-        c
-    }
-
-    fn init() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::env::temp_dir().join(unique_prefix("pg-own"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let me = Self {
-            bin: Self::bin(),
-            dir,
-            port,
-        };
-        let ok = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(&me.dir)
-            .status()
-            .unwrap();
-        assert!(ok.success());
-        let out = me
-            .as_postgres("initdb")
-            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
-            .arg(me.dir.join("data"))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "initdb: {out:?}");
-        me
-    }
-
-    fn start(&self) {
-        let out = self
-            .as_postgres("pg_ctl")
-            .arg("-D")
-            .arg(self.dir.join("data"))
-            .arg("-l")
-            .arg(self.dir.join("log"))
-            .args(["-w", "-o"])
-            .arg(format!(
-                "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off",
-                self.port,
-                self.dir.display()
-            ))
-            .arg("start")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "pg_ctl start: {out:?}");
-    }
-
-    fn stop(&self, mode: &str) {
-        let _ = self
-            .as_postgres("pg_ctl")
-            .arg("-D")
-            .arg(self.dir.join("data"))
-            .args(["-m", mode, "-w", "stop"])
-            .output();
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for OwnPostgres {
-    fn drop(&mut self) {
-        self.stop("immediate");
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 #[test]
