@@ -31,8 +31,11 @@ pub enum Write {
     Keep,
     /// Store `record` under the key; let it expire after `ttl` (`None`: never).
     ///
-    /// The TTL is the time until the bucket would be full again plus the manager's margin:
-    /// after that, dropping the key is indistinguishable from keeping it.
+    /// The TTL runs to the moment a bucket recreated from the record's configuration would
+    /// answer every later request as the stored one
+    /// ([`BucketState::forgettable_at`](bucket4rs_core::BucketState::forgettable_at)), plus the
+    /// manager's margin: dropping the key then is indistinguishable from keeping it. `None`
+    /// when no such moment exists (initial tokens below capacity, interval refill).
     Put {
         /// The encoded record.
         record: Vec<u8>,
