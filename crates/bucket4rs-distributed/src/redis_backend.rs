@@ -131,13 +131,17 @@ impl Script {
 
 /// Buckets in Redis.
 ///
-/// Each operation is one `EVALSHA` of a Lua script that reads the record, computes the
-/// operation exactly with integers kept below 2^53, writes the new record with its TTL and
-/// returns the record it read; the client recomputes the result with the Rust core from that
-/// pre-image and checks the script wrote the same bytes. When exactness cannot be guaranteed
-/// in doubles (huge capacities, long gaps) or for configuration replacement, the script
-/// returns the record unchanged and the client computes with the core and writes with a
-/// compare-and-set script (bounded retries). `NOSCRIPT` is handled by sending the script
+/// Each operation is one `EVALSHA` of a Lua script that reads the record, validates it as the
+/// client's decoder would, computes the operation exactly with integers kept below 2^53,
+/// writes the new record with its TTL (none when a recreated record could answer differently)
+/// and returns the record it read; the client recomputes the result with the Rust core from
+/// that pre-image and checks the script wrote the same bytes. When exactness cannot be
+/// guaranteed in doubles (huge capacities, long gaps), for a record the script does not
+/// validate, or for configuration replacement, the script returns the record unchanged and the
+/// client computes with the core and writes with a compare-and-set script (bounded retries).
+/// Both scripts refuse to run past the caller's deadline (converted to the server's clock), so
+/// a call that timed out changes nothing later. An ended connection is replaced before the next
+/// command; a refused connection fails at once. `NOSCRIPT` is handled by sending the script
 /// again with `EVAL`. See `docs/distributed.md`.
 ///
 /// ```no_run
@@ -245,7 +249,8 @@ impl RedisBackend {
     ///
     /// # Errors
     /// [`BackendErrorKind::Unavailable`] / [`BackendErrorKind::Timeout`] when Redis cannot
-    /// be reached within the connect timeout.
+    /// be reached within the connect timeout; [`BackendErrorKind::Other`] for a zero response
+    /// or connect timeout (every call would fail).
     ///
     /// ```no_run
     /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
@@ -254,6 +259,13 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, BackendError> {
+        if options.response_timeout.is_zero() || options.connect_timeout.is_zero() {
+            // Either would fail every call: refused rather than accepted.
+            return Err(BackendError::new(
+                BackendErrorKind::Other,
+                "RedisOptions: the response and connect timeouts must be above zero",
+            ));
+        }
         let client = redis::Client::open(url).map_err(map_err)?;
         let pool = Pool::connect(
             client,

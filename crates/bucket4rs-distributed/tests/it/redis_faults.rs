@@ -559,3 +559,22 @@ fn fault_redis_out_of_memory_is_a_typed_error_and_changes_nothing() {
         assert_eq!(left.unwrap(), 89);
     });
 }
+
+/// Timeouts that could only fail every call are refused up front.
+#[test]
+fn fault_redis_zero_timeouts_are_refused() {
+    let server = OwnRedis::start(None, None);
+    runtime().block_on(async {
+        for options in [
+            RedisOptions::default().response_timeout(Duration::ZERO),
+            RedisOptions::default().connect_timeout(Duration::ZERO),
+        ] {
+            let e = RedisBackend::connect(&server.url(), options)
+                .await
+                .unwrap_err();
+            println!("fault: redis zero timeout refused: {e}");
+            assert_eq!(e.kind(), BackendErrorKind::Other);
+            assert!(e.message().contains("above zero"), "{e}");
+        }
+    });
+}
