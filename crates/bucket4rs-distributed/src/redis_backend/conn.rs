@@ -42,6 +42,32 @@ struct Skew {
     since: Instant,
 }
 
+impl Skew {
+    /// A reply's bound: the server's `TIME` (seconds, microseconds) minus the host's
+    /// wall-clock time when the reply arrived (the server read its clock before that).
+    fn bound(seconds: i64, micros: i64, arrived: i64) -> i64 {
+        seconds
+            .saturating_mul(1_000_000)
+            .saturating_add(micros)
+            .saturating_sub(arrived)
+    }
+
+    /// Keeps the largest bound seen (the tightest), replaced by the next one once it is
+    /// older than [`SKEW_WINDOW`] so a clock step is followed.
+    fn observe(&mut self, seen: i64, at: Instant) {
+        if seen > self.best || at.saturating_duration_since(self.since) > SKEW_WINDOW {
+            self.best = seen;
+            self.since = at;
+        }
+    }
+
+    /// A deadline `left` from `host_now` (host wall-clock microseconds) on the server's clock.
+    fn on_server(&self, host_now: i64, left: Duration) -> i64 {
+        let left = i64::try_from(left.as_micros()).unwrap_or(i64::MAX);
+        host_now.saturating_add(left).saturating_add(self.best)
+    }
+}
+
 pub(super) struct Pool {
     client: redis::Client,
     slots: Box<[tokio::sync::Mutex<Option<Live>>]>,
@@ -109,15 +135,8 @@ impl Pool {
                     .query_async(&mut conn)
                     .await
                     .map_err(map_err)?;
-                // The server read its clock before the reply arrived: server − host is at
-                // least this.
                 let arrived = host_micros().max(sent);
-                let mut skew = pool.lock_skew();
-                skew.best = time
-                    .0
-                    .saturating_mul(1_000_000)
-                    .saturating_add(time.1)
-                    .saturating_sub(arrived);
+                pool.lock_skew().best = Skew::bound(time.0, time.1, arrived);
             }
         }
         Ok(pool)
@@ -196,15 +215,8 @@ impl Pool {
     /// Records a reply that carried the server's `TIME` (seconds, microseconds) and arrived at
     /// `arrived` ([`host_micros`]).
     pub(super) fn observe(&self, seconds: i64, micros: i64, arrived: i64) {
-        let seen = seconds
-            .saturating_mul(1_000_000)
-            .saturating_add(micros)
-            .saturating_sub(arrived);
-        let mut skew = self.lock_skew();
-        if seen > skew.best || skew.since.elapsed() > SKEW_WINDOW {
-            skew.best = seen;
-            skew.since = Instant::now();
-        }
+        let seen = Skew::bound(seconds, micros, arrived);
+        self.lock_skew().observe(seen, Instant::now());
     }
 
     /// `deadline` as a reading of the server's clock in microseconds ('' without one): the
@@ -216,11 +228,51 @@ impl Pool {
             return String::new();
         };
         let left = deadline.saturating_duration_since(Instant::now());
-        let left = i64::try_from(left.as_micros()).unwrap_or(i64::MAX);
-        let best = self.lock_skew().best;
-        host_micros()
-            .saturating_add(left)
-            .saturating_add(best)
-            .to_string()
+        self.lock_skew().on_server(host_micros(), left).to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server clock an hour ahead of this host and one an hour behind: the deadline handed
+    /// to the script is the caller's moment on the server's clock, less the reply's return
+    /// trip (the bound is taken when the reply arrived, after the server read its clock).
+    #[test]
+    fn deadlines_move_to_the_server_clock_less_the_return_trip() {
+        let hour = 3_600_000_000i64;
+        let host = 1_700_000_000_000_000i64;
+        for offset in [hour, -hour, 0] {
+            // The server read TIME at host + 100 µs, the reply arrived at host + 300 µs.
+            let server = host + 100 + offset;
+            let bound = Skew::bound(server / 1_000_000, server % 1_000_000, host + 300);
+            assert_eq!(bound, offset - 200);
+            let skew = Skew {
+                best: bound,
+                since: Instant::now(),
+            };
+            let left = Duration::from_millis(250);
+            assert_eq!(skew.on_server(host, left), host + 250_000 + offset - 200);
+        }
+    }
+
+    /// The tightest bound is kept; after the window a newer one replaces it (a clock step).
+    #[test]
+    fn the_tightest_recent_bound_is_kept() {
+        let t0 = Instant::now();
+        let mut skew = Skew {
+            best: 10,
+            since: t0,
+        };
+        skew.observe(5, t0 + Duration::from_secs(1));
+        assert_eq!(
+            skew.best, 10,
+            "a looser bound (a slow reply) does not replace it"
+        );
+        skew.observe(12, t0 + Duration::from_secs(2));
+        assert_eq!(skew.best, 12);
+        skew.observe(-1_000, t0 + Duration::from_secs(20));
+        assert_eq!(skew.best, -1_000, "the server clock stepped back: followed");
     }
 }
