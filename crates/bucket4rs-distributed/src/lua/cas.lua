@@ -4,6 +4,7 @@
 -- of this server's clock ('' : none).
 -- Returns 1 when written, 0 on conflict, -1 wrong type, -2 past the deadline (nothing read or
 -- written).
+if redis.replicate_commands then redis.replicate_commands() end
 if ARGV[5] ~= '' then
   local t = redis.call('TIME')
   if tonumber(t[1]) * 1000000 + tonumber(t[2]) > tonumber(ARGV[5]) then return -2 end

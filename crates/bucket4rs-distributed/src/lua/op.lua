@@ -37,6 +37,9 @@
 -- every later request exactly as this one (the core's BucketState::forgettable_at), plus the
 -- margin; a state for which no such moment exists is stored without expiry.
 
+-- Replicate the writes, not the script (it reads TIME); the default from Redis 5 on.
+if redis.replicate_commands then redis.replicate_commands() end
+
 local P32 = 4294967296
 local LIM = 9007199254740992 -- 2^53
 local key = KEYS[1]

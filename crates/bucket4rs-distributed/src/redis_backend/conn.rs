@@ -36,6 +36,16 @@ impl Live {
     }
 }
 
+/// Marks a connection dead when its driver task ends, or is dropped unfinished (its runtime
+/// shut down).
+struct Ended(Arc<AtomicBool>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// A lower bound of (server clock − host wall clock), in microseconds.
 struct Skew {
     best: i64,
@@ -186,10 +196,10 @@ impl Pool {
             Err(_) => return Err(unavailable_within(until)),
         };
         let dead = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&dead);
+        let ended = Ended(Arc::clone(&dead));
         tokio::spawn(async move {
             driver.await;
-            flag.store(true, Ordering::Release);
+            drop(ended);
         });
         let live = Live { conn, dead };
         *current = Some(live.clone());
