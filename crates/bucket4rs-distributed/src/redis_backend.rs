@@ -178,22 +178,29 @@ impl fmt::Debug for RedisBackend {
 }
 
 fn map_err(e: RedisError) -> BackendError {
+    // Replies of a server that refused to run the command at all: busy with a long script,
+    // still loading its data after a restart, a replica without its primary.
+    let refused = matches!(
+        e.code(),
+        Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN")
+    );
     let kind = if e.is_timeout() {
         BackendErrorKind::Timeout
-    } else if e.is_connection_refusal() || e.is_io_error() || e.is_connection_dropped() {
+    } else if refused || e.is_connection_refusal() || e.is_io_error() || e.is_connection_dropped() {
         BackendErrorKind::Unavailable
     } else if e.code() == Some("WRONGTYPE") {
         BackendErrorKind::WrongType
     } else if e.code() == Some("OOM") {
-        // maxmemory reached with a no-eviction policy: the script was refused before it ran.
+        // maxmemory reached with a no-eviction policy: the script's first write was refused,
+        // nothing was written.
         BackendErrorKind::CapacityExhausted
     } else if e.kind() == ErrorKind::TypeError || e.kind() == ErrorKind::ResponseError {
         BackendErrorKind::Protocol
     } else {
         BackendErrorKind::Other
     };
-    // Only a refused connection certainly did not run the command.
-    let retryable = e.is_connection_refusal();
+    // Only a refused connection or a refused command certainly did not run.
+    let retryable = refused || e.is_connection_refusal();
     BackendError::new(kind, e.to_string())
         .retryable(retryable)
         .with_source(e)

@@ -578,3 +578,57 @@ fn fault_redis_zero_timeouts_are_refused() {
         }
     });
 }
+
+/// A server busy with a long-running script answers `BUSY` to everything else: the call runs
+/// nothing, is retried (the command was refused, not run) until its timeout, and charges
+/// nothing; once the script is killed, calls work.
+#[test]
+fn fault_redis_busy_server_is_retried_and_charges_nothing() {
+    let server = OwnRedis::start_with(None, None, &["--busy-reply-threshold", "50"]);
+    runtime().block_on(async {
+        let backend = connect(&server, RedisOptions::default()).await;
+        let manager = ProxyManager::configure(backend.clone())
+            .timeout(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        let b = manager
+            .builder()
+            .build("k", || simple(100, Duration::from_secs(1_000_000)))
+            .unwrap();
+        assert!(b.try_consume(10).await.unwrap());
+        // A script that never ends, on a connection of its own (it never gets a reply).
+        let mut blocker = raw(&server).await;
+        let busy = tokio::spawn(async move {
+            let r: redis::RedisResult<()> = redis::cmd("EVAL")
+                .arg("while true do end")
+                .arg(0)
+                .query_async(&mut blocker)
+                .await;
+            r
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let key = b.key().clone();
+        let direct = backend.read(&key).await.unwrap_err();
+        let t = Instant::now();
+        let r = b.try_consume(1).await;
+        let took = t.elapsed();
+        let mut killer = raw(&server).await;
+        let _: () = redis::cmd("SCRIPT")
+            .arg("KILL")
+            .query_async(&mut killer)
+            .await
+            .unwrap();
+        assert!(busy.await.unwrap().is_err(), "the killed script fails");
+        let left = b.available_tokens().await.unwrap();
+        println!(
+            "fault: redis busy (a script running): backend error {:?} retryable {}, call answered {r:?} after {took:?}; tokens after the script was killed: {left} (expected 90)",
+            direct.kind(),
+            direct.is_retryable()
+        );
+        assert_eq!(direct.kind(), BackendErrorKind::Unavailable, "{direct}");
+        assert!(direct.is_retryable(), "{direct}");
+        assert!(r.is_err_and(|e| e.is_unavailable()));
+        assert_eq!(left, 90);
+        assert!(b.try_consume(1).await.unwrap());
+    });
+}
