@@ -114,6 +114,9 @@ async fn seeded(
     }
 }
 
+/// An expiry no write sets: a key that still has it was not written.
+const SENTINEL_MS: i64 = 3_000_000_000_000;
+
 /// The TTL margin of the cross-checks (with a part below a millisecond, which both paths
 /// round up the same way).
 const MARGIN: Duration = Duration::from_nanos(1_500_000_300);
@@ -148,7 +151,6 @@ fn lua_fast_path_is_byte_identical_to_the_core_on_random_states() {
         let prefix = unique_prefix("random");
         let mut rng = rand::rng();
         let cases = 1_500;
-        const SENTINEL_MS: i64 = 3_000_000_000_000;
         let (mut ttls_checked, mut no_expiry) = (0u64, 0u64);
         for case in 0..cases {
             let Seeded {
@@ -220,6 +222,7 @@ fn lua_batches_are_byte_identical_to_the_core_applied_in_order() {
         let mut rng = rand::rng();
         let cases = 400;
         let mut ops_sent = 0u64;
+        let mut ttls_checked = 0u64;
         let before = backend.stats();
         for case in 0..cases {
             let later = rng.random_range(0..=2_000_000_000);
@@ -235,20 +238,39 @@ fn lua_batches_are_byte_identical_to_the_core_applied_in_order() {
                 .map(|_| random_op(&mut rng))
                 .collect();
             ops_sent += ops.len() as u64;
+            let key = bucket.key().as_str();
+            let _: () = raw.pexpire(key, SENTINEL_MS).await.unwrap();
+            let before: Vec<u8> = raw.get(key).await.unwrap();
             let (got, expected) =
                 concurrent_and_core(&ops, &bucket, &config, &mut state, now).await;
             assert_eq!(got, expected, "case {case}: {ops:?} on {config:?}");
-            let stored: Vec<u8> = raw.get(bucket.key().as_str()).await.unwrap();
+            let stored: Vec<u8> = raw.get(key).await.unwrap();
             assert_eq!(
                 stored,
                 format::encode(&config, &state),
                 "case {case}: {ops:?}"
             );
+            // Every operation ran at `now`: whichever transaction wrote last, the expiry is
+            // the core's for the final state.
+            let pttl: i64 = raw.pttl(key).await.unwrap();
+            if stored != before || !(SENTINEL_MS - 5_000..=SENTINEL_MS).contains(&pttl) {
+                let want = expected_pttl(&config, &state, now);
+                let fits = if want == -1 {
+                    pttl == -1
+                } else {
+                    (want - 5_000..=want).contains(&pttl)
+                };
+                assert!(fits, "case {case}: {ops:?} on {config:?}: PTTL {pttl}, expected {want}");
+                ttls_checked += 1;
+            }
         }
         let stats = backend.stats();
         let trips = stats.round_trips - before.round_trips;
         let fast = stats.fast_path - before.fast_path;
-        println!("batch cross-check: {ops_sent} operations, {trips} round trips, {stats:?}");
+        println!(
+            "batch cross-check: {ops_sent} operations, {trips} round trips, {ttls_checked} PTTLs checked, {stats:?}"
+        );
+        assert!(ttls_checked > cases / 2, "{ttls_checked}");
         // Two transactions per case (the lone first operation, then the batch); the exact
         // path adds a compare-and-set round trip when a value is out of the script's range.
         assert!(
