@@ -1,22 +1,27 @@
 //! The Redis backend: one `EVALSHA` round trip per operation, atomic, exact.
 
 use core::fmt;
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, Ordering};
 use core::time::Duration;
 use std::sync::Arc;
+use std::time::Instant;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Value};
 
 use crate::backend::{Backend, BackendClock, Command, Transaction, Write};
 use crate::error::{BackendError, BackendErrorKind};
 use crate::key::StorageKey;
 
+mod conn;
+use conn::{Pool, host_micros};
+
 const OP_SCRIPT: &str = include_str!("lua/op.lua");
 const CAS_SCRIPT: &str = include_str!("lua/cas.lua");
 /// Arguments at or above this go straight to the client-computed path.
 const EXACT: u64 = 1 << 53;
+/// TTLs of this many milliseconds or more are stored as no expiry (the scripts agree).
+const TTL_CAP_MS: u64 = 4_000_000_000_000_000;
 
 /// Connection settings of a [`RedisBackend`].
 ///
@@ -126,13 +131,17 @@ impl Script {
 
 /// Buckets in Redis.
 ///
-/// Each operation is one `EVALSHA` of a Lua script that reads the record, computes the
-/// operation exactly with integers kept below 2^53, writes the new record with its TTL and
-/// returns the record it read; the client recomputes the result with the Rust core from that
-/// pre-image and checks the script wrote the same bytes. When exactness cannot be guaranteed
-/// in doubles (huge capacities, long gaps) or for configuration replacement, the script
-/// returns the record unchanged and the client computes with the core and writes with a
-/// compare-and-set script (bounded retries). `NOSCRIPT` is handled by sending the script
+/// Each operation is one `EVALSHA` of a Lua script that reads the record, validates it as the
+/// client's decoder would, computes the operation exactly with integers kept below 2^53,
+/// writes the new record with its TTL (none when a recreated record could answer differently)
+/// and returns the record it read; the client recomputes the result with the Rust core from
+/// that pre-image and checks the script wrote the same bytes. When exactness cannot be
+/// guaranteed in doubles (huge capacities, long gaps), for a record the script does not
+/// validate, or for configuration replacement, the script returns the record unchanged and the
+/// client computes with the core and writes with a compare-and-set script (bounded retries).
+/// Both scripts refuse to run past the caller's deadline (converted to the server's clock), so
+/// a call that timed out changes nothing later. An ended connection is replaced before the next
+/// command; a refused connection fails at once. `NOSCRIPT` is handled by sending the script
 /// again with `EVAL`. See `docs/distributed.md`.
 ///
 /// ```no_run
@@ -153,8 +162,7 @@ impl Script {
 /// ```
 #[derive(Clone)]
 pub struct RedisBackend {
-    connections: Arc<[ConnectionManager]>,
-    next: Arc<AtomicUsize>,
+    pool: Arc<Pool>,
     op: Arc<Script>,
     cas: Arc<Script>,
     counters: Arc<Counters>,
@@ -163,29 +171,47 @@ pub struct RedisBackend {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("connections", &self.connections.len())
+            .field("connections", &self.pool.len())
             .field("stats", &self.stats())
             .finish()
     }
 }
 
 fn map_err(e: RedisError) -> BackendError {
+    // Replies of a server that refused to run the command at all: busy with a long script,
+    // still loading its data after a restart, a replica without its primary.
+    let refused = matches!(
+        e.code(),
+        Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN")
+    );
     let kind = if e.is_timeout() {
         BackendErrorKind::Timeout
-    } else if e.is_connection_refusal() || e.is_io_error() || e.is_connection_dropped() {
+    } else if refused || e.is_connection_refusal() || e.is_io_error() || e.is_connection_dropped() {
         BackendErrorKind::Unavailable
     } else if e.code() == Some("WRONGTYPE") {
         BackendErrorKind::WrongType
+    } else if e.code() == Some("OOM") {
+        // maxmemory reached with a no-eviction policy: the script's first write was refused,
+        // nothing was written.
+        BackendErrorKind::CapacityExhausted
     } else if e.kind() == ErrorKind::TypeError || e.kind() == ErrorKind::ResponseError {
         BackendErrorKind::Protocol
     } else {
         BackendErrorKind::Other
     };
-    // Only a refused connection certainly did not run the command.
-    let retryable = e.is_connection_refusal();
+    // Only a refused connection or a refused command certainly did not run.
+    let retryable = refused || e.is_connection_refusal();
     BackendError::new(kind, e.to_string())
         .retryable(retryable)
         .with_source(e)
+}
+
+/// The scripts' answer to a command that reached the server after its caller's deadline.
+fn too_late() -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Timeout,
+        "the command reached Redis after the caller's deadline and was not run",
+    )
 }
 
 fn protocol(what: &str) -> BackendError {
@@ -216,7 +242,7 @@ fn ttl_ms(ttl: Option<Duration>) -> String {
         Some(t) => {
             let ms = t.as_nanos().div_ceil(1_000_000).max(1);
             // Beyond ~126 000 years: keep forever rather than overflow Redis' limit.
-            if ms >= 4_000_000_000_000_000 {
+            if ms >= TTL_CAP_MS as u128 {
                 String::new()
             } else {
                 ms.to_string()
@@ -230,7 +256,8 @@ impl RedisBackend {
     ///
     /// # Errors
     /// [`BackendErrorKind::Unavailable`] / [`BackendErrorKind::Timeout`] when Redis cannot
-    /// be reached within the connect timeout.
+    /// be reached within the connect timeout; [`BackendErrorKind::Other`] for a zero response
+    /// or connect timeout (every call would fail).
     ///
     /// ```no_run
     /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
@@ -239,31 +266,24 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, BackendError> {
-        let client = redis::Client::open(url).map_err(map_err)?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(options.response_timeout)
-            .set_connection_timeout(options.connect_timeout)
-            .set_number_of_retries(2)
-            .set_factor(10)
-            .set_max_delay(200);
-        let mut connections = Vec::with_capacity(options.connections);
-        for _ in 0..options.connections {
-            let connect = ConnectionManager::new_with_config(client.clone(), config.clone());
-            let budget = options.connect_timeout.saturating_mul(4);
-            let conn = match tokio::time::timeout(budget, connect).await {
-                Ok(r) => r.map_err(map_err)?,
-                Err(_) => {
-                    return Err(BackendError::new(
-                        BackendErrorKind::Timeout,
-                        format!("could not connect to Redis within {budget:?}"),
-                    ));
-                }
-            };
-            connections.push(conn);
+        if options.response_timeout.is_zero() || options.connect_timeout.is_zero() {
+            // Either would fail every call: refused rather than accepted.
+            return Err(BackendError::new(
+                BackendErrorKind::Other,
+                "RedisOptions: the response and connect timeouts must be above zero",
+            ));
         }
+        let client = redis::Client::open(url).map_err(map_err)?;
+        let pool = Pool::connect(
+            client,
+            options.connections,
+            options.connect_timeout,
+            options.response_timeout,
+            options.connect_timeout,
+        )
+        .await?;
         Ok(Self {
-            connections: connections.into(),
-            next: Arc::new(AtomicUsize::new(0)),
+            pool: Arc::new(pool),
             op: Arc::new(Script::new(OP_SCRIPT)),
             cas: Arc::new(Script::new(CAS_SCRIPT)),
             counters: Arc::new(Counters::default()),
@@ -290,9 +310,55 @@ impl RedisBackend {
         }
     }
 
-    fn conn(&self) -> ConnectionManager {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
-        self.connections[i].clone()
+    /// When a call without a caller's deadline (`read`, `remove`, a transaction built outside
+    /// a manager) gives up: one connect and one response timeout from now.
+    fn default_until(&self) -> Instant {
+        Instant::now() + self.pool.connect_timeout() + self.pool.response_timeout()
+    }
+
+    /// One command on a live connection (a fresh one when the last has ended), bounded by
+    /// `until`; with the host's wall-clock time its reply arrived ([`host_micros`]).
+    ///
+    /// Only errors of commands that were never sent are retryable: no connection could be
+    /// made. A command that was sent and failed (a reset, a closed connection, no reply in
+    /// time) may have run, so it is reported, not re-sent, and its connection is dropped when
+    /// the error may have broken it.
+    async fn query(&self, cmd: &redis::Cmd, until: Instant) -> Result<(Value, i64), BackendError> {
+        self.send(cmd, until).await?.map_err(map_err)
+    }
+
+    /// [`query`](Self::query) with the server's error as it came.
+    async fn send(
+        &self,
+        cmd: &redis::Cmd,
+        until: Instant,
+    ) -> Result<Result<(Value, i64), RedisError>, BackendError> {
+        let slot = self.pool.pick();
+        let live = self.pool.live(slot, until).await?;
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(BackendError::new(
+                BackendErrorKind::Timeout,
+                "the caller's deadline passed before the command was sent",
+            ));
+        }
+        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+        let mut conn = live.conn.clone();
+        let reply = tokio::time::timeout(left, cmd.query_async::<Value>(&mut conn)).await;
+        let arrived = host_micros();
+        match reply {
+            Ok(Ok(v)) => Ok(Ok((v, arrived))),
+            Ok(Err(e)) => {
+                if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+                    self.pool.discard(slot, &live).await;
+                }
+                Ok(Err(e))
+            }
+            Err(_) => Err(BackendError::new(
+                BackendErrorKind::Timeout,
+                format!("no reply from Redis within {left:?}"),
+            )),
+        }
     }
 
     async fn eval(
@@ -300,26 +366,24 @@ impl RedisBackend {
         script: &Script,
         key: &StorageKey,
         args: &[&[u8]],
-    ) -> Result<Value, BackendError> {
-        let mut conn = self.conn();
+        until: Instant,
+    ) -> Result<(Value, i64), BackendError> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&script.sha).arg(1).arg(key.as_str());
         for a in args {
             cmd.arg(*a);
         }
-        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-        match cmd.query_async::<Value>(&mut conn).await {
+        match self.send(&cmd, until).await? {
             Err(e) if e.kind() == ErrorKind::NoScriptError => {
                 // The script cache was flushed (SCRIPT FLUSH, restart, failover): EVAL sends
                 // the source, runs it and caches it again, in one round trip.
                 self.counters.script_reloads.fetch_add(1, Ordering::Relaxed);
-                self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
                 let mut cmd = redis::cmd("EVAL");
                 cmd.arg(script.source).arg(1).arg(key.as_str());
                 for a in args {
                     cmd.arg(*a);
                 }
-                cmd.query_async::<Value>(&mut conn).await.map_err(map_err)
+                self.query(&cmd, until).await
             }
             r => r.map_err(map_err),
         }
@@ -331,6 +395,7 @@ impl RedisBackend {
         key: &StorageKey,
         expected: Option<&[u8]>,
         write: Write,
+        deadline: Option<Instant>,
     ) -> Result<(), BackendError> {
         let Write::Put { record, ttl } = write else {
             return Ok(());
@@ -340,8 +405,21 @@ impl RedisBackend {
             None => (b"0", b""),
             Some(e) => (b"1", e),
         };
-        let reply = self
-            .eval(&self.cas, key, &[flag, exp, &record, ttl.as_bytes()])
+        let until = deadline.unwrap_or_else(|| self.default_until());
+        let server_deadline = self.pool.server_deadline(deadline);
+        let (reply, _) = self
+            .eval(
+                &self.cas,
+                key,
+                &[
+                    flag,
+                    exp,
+                    &record,
+                    ttl.as_bytes(),
+                    server_deadline.as_bytes(),
+                ],
+                until,
+            )
             .await?;
         match reply {
             Value::Int(1) => Ok(()),
@@ -357,6 +435,7 @@ impl RedisBackend {
                 BackendErrorKind::WrongType,
                 "not a string",
             )),
+            Value::Int(-2) => Err(too_late()),
             _ => Err(protocol("compare-and-set reply")),
         }
     }
@@ -406,49 +485,65 @@ impl Backend for RedisBackend {
             Some(now) => ((now >> 32).to_string(), (now & 0xffff_ffff).to_string()),
             None => (String::new(), String::new()),
         };
-        let margin = tx.ttl_margin().as_millis().min(1 << 50).to_string();
-        // ARGV[1..3]: the command (code 11 and, from ARGV[7], one triple per operation for
-        // a batch); ARGV[4..6]: clock and TTL margin.
-        let mut args: Vec<String> = Vec::with_capacity(6);
+        // The margin in whole milliseconds (capped where TTLs stop: no expiry) and the
+        // nanoseconds below one, for the script to round exactly as `ttl_ms`.
+        let margin = tx.ttl_margin();
+        let margin_ms = margin.as_millis().min(TTL_CAP_MS as u128).to_string();
+        let margin_ns = (margin.subsec_nanos() % 1_000_000).to_string();
+        let deadline = tx.deadline();
+        let until = deadline.unwrap_or_else(|| self.default_until());
+        // ARGV[1..3]: the command (code 11 and, from ARGV[9], one triple per operation for
+        // a batch); ARGV[4..8]: clock, TTL margin, deadline on the server's clock.
+        let mut args: Vec<String> = Vec::with_capacity(8);
+        let tail = [
+            hi,
+            lo,
+            margin_ms,
+            margin_ns,
+            self.pool.server_deadline(deadline),
+        ];
         match tx.batch() {
             Some(commands) => {
                 args.extend(["11".to_owned(), String::new(), String::new()]);
-                args.extend([hi, lo, margin]);
+                args.extend(tail);
                 for &command in commands {
                     args.extend(command_strings(command));
                 }
             }
             None => {
                 args.extend(command_strings(tx.command()));
-                args.extend([hi, lo, margin]);
+                args.extend(tail);
             }
         }
         let arg_refs: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        let reply = self.eval(&self.op, key, &arg_refs).await?;
+        let (reply, arrived) = self.eval(&self.op, key, &arg_refs, until).await?;
         let Value::Array(items) = reply else {
             return Err(protocol("script reply is not an array"));
         };
         let status = int(items.first())?;
+        self.pool
+            .observe(int(items.get(3))?, int(items.get(4))?, arrived);
         let now = (int(items.get(1))? << 32) | (int(items.get(2))? & 0xffff_ffff);
         match status {
             0 => {
                 self.counters.exact_path.fetch_add(1, Ordering::Relaxed);
                 let write = tx.apply(None, Some(now));
-                self.cas(key, None, write).await
+                self.cas(key, None, write, deadline).await
             }
             1 => {
                 self.counters.fast_path.fetch_add(1, Ordering::Relaxed);
-                let pre = bytes(items.get(3))?.ok_or_else(|| protocol("missing pre-image"))?;
-                let post = bytes(items.get(4))?;
-                // The core decides; the script must have written exactly the same bytes.
+                let pre = bytes(items.get(5))?.ok_or_else(|| protocol("missing pre-image"))?;
+                let post = bytes(items.get(6))?;
+                // The core decides; the script must have written exactly the same bytes (and
+                // only over a record the core reads: it validates what the decoder does).
                 let expected = tx.apply(Some(pre), Some(now));
                 let agrees = match (&expected, post) {
                     (Write::Keep, None) => true,
                     (Write::Put { record, .. }, Some(p)) => record.as_slice() == p,
                     (Write::Put { record, .. }, None) => record.as_slice() == pre,
-                    (Write::Keep, Some(p)) => p == pre,
+                    (Write::Keep, Some(p)) => p == pre && crate::format::decode(pre).is_ok(),
                 };
-                if agrees || tx_failed_to_decode(pre) {
+                if agrees {
                     Ok(())
                 } else {
                     Err(BackendError::new(
@@ -462,30 +557,27 @@ impl Backend for RedisBackend {
             }
             2 => {
                 self.counters.exact_path.fetch_add(1, Ordering::Relaxed);
-                let pre = bytes(items.get(3))?.ok_or_else(|| protocol("missing record"))?;
+                let pre = bytes(items.get(5))?.ok_or_else(|| protocol("missing record"))?;
                 let write = tx.apply(Some(pre), Some(now));
-                self.cas(key, Some(pre), write).await
+                self.cas(key, Some(pre), write, deadline).await
             }
             3 => {
-                let found = match items.get(3) {
+                let found = match items.get(5) {
                     Some(Value::SimpleString(s)) => s.clone(),
                     Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
                     _ => "unknown".to_owned(),
                 };
                 Err(BackendError::new(BackendErrorKind::WrongType, found))
             }
+            4 => Err(too_late()),
             _ => Err(protocol("unknown script status")),
         }
     }
 
     async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
-        let mut conn = self.conn();
-        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-        let v: Value = redis::cmd("GET")
-            .arg(key.as_str())
-            .query_async(&mut conn)
-            .await
-            .map_err(map_err)?;
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(key.as_str());
+        let (v, _) = self.query(&cmd, self.default_until()).await?;
         match v {
             Value::Nil => Ok(None),
             Value::BulkString(b) => Ok(Some(b)),
@@ -494,23 +586,13 @@ impl Backend for RedisBackend {
     }
 
     async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
-        let mut conn = self.conn();
-        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-        let n: i64 = redis::cmd("DEL")
-            .arg(key.as_str())
-            .query_async(&mut conn)
-            .await
-            .map_err(map_err)?;
-        Ok(n > 0)
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(key.as_str());
+        let (v, _) = self.query(&cmd, self.default_until()).await?;
+        Ok(int(Some(&v))? > 0)
     }
 
     fn clock(&self) -> BackendClock {
         BackendClock::WallClock
     }
-}
-
-/// Whether the pre-image is not a readable record: then the transaction reported a typed
-/// format error to its caller, and the script's rewrite of a corrupt record is moot.
-fn tx_failed_to_decode(pre: &[u8]) -> bool {
-    crate::format::decode(pre).is_err()
 }

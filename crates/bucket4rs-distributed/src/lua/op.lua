@@ -4,35 +4,55 @@
 -- ARGV[1]  command code (0: none, just return the record for the client to compute)
 -- ARGV[2]  tokens / limit (-1: no limit)        ARGV[3]  max wait (reserve)
 -- ARGV[4]  now high 32 bits, ARGV[5] now low 32 bits (both '' : use TIME)
--- ARGV[6]  TTL margin in milliseconds
--- A batch (ARGV[1] = 11): ARGV[7..] holds (command code, tokens, max wait) triples, applied
+-- ARGV[6]  TTL margin, whole milliseconds (at most 4e15), ARGV[7] the margin's nanoseconds
+--          below a millisecond
+-- ARGV[8]  the caller's deadline in microseconds of this server's clock ('' : none): past
+--          it the script writes nothing and answers status 4
+-- A batch (ARGV[1] = 11): ARGV[9..] holds (command code, tokens, max wait) triples, applied
 -- in order on the record at one instant; written once at the end, or not at all when any
 -- of them cannot be computed exactly here (status 2: the client computes the whole batch).
 --
--- Returns {status, now_hi, now_lo [, pre-image [, post-image]]}:
+-- Returns {status, now_hi, now_lo, time_s, time_us [, pre-image [, post-image]]}, time_* being
+-- this server's TIME when the script ran:
 --   0 absent (nothing written), 1 done (post-image present iff written),
---   2 not computed here (exactness not guaranteed, or code 0): the client computes with the
---     Rust core and compare-and-sets, 3 wrong type (pre-image slot holds the type name).
+--   2 not computed here (exactness not guaranteed, a record this script does not fully
+--     validate, or code 0): nothing written, the client decodes with the Rust core (which
+--     rejects a bad record with a typed error) and compare-and-sets,
+--   3 wrong type (pre-image slot holds the type name), 4 past the deadline (nothing read or
+--     written).
+--
+-- Validation: the fast path runs only on a record the client's decoder accepts: magic,
+-- version, header flags, bandwidth count, block flags and padding, refill kind, every field's
+-- range, the tail (initial tokens, first refill, ids), the exact length and the FNV-1a
+-- checksum. Anything else goes to the client (status 2), so such a record is never rewritten
+-- and its TTL never reset.
 --
 -- Exactness: Lua numbers are IEEE doubles. Every integer used here is checked to stay
 -- below 2^53 in magnitude, where doubles are exact; remainders use math.fmod (always exact)
 -- and quotients (a - fmod(a, b)) / b (exact). 64-bit fields are read as two 32-bit halves
 -- and combined only when the result is below 2^53; clock readings stay as (hi, lo) pairs.
 -- Whenever a check fails, the script returns status 2 instead of guessing.
+--
+-- Expiry: the TTL runs to the moment a record recreated from the configuration would answer
+-- every later request exactly as this one (the core's BucketState::forgettable_at), plus the
+-- margin; a state for which no such moment exists is stored without expiry.
+
+-- Replicate the writes, not the script (it reads TIME); the default from Redis 5 on.
+if redis.replicate_commands then redis.replicate_commands() end
 
 local P32 = 4294967296
 local LIM = 9007199254740992 -- 2^53
 local key = KEYS[1]
 
-local ok, rec = pcall(redis.call, 'GET', key)
-if not ok then
-  return {3, 0, 0, redis.call('TYPE', key)['ok']}
+local t = redis.call('TIME')
+local ts, tus = tonumber(t[1]), tonumber(t[2])
+if ARGV[8] ~= '' and ts * 1000000 + tus > tonumber(ARGV[8]) then
+  return {4, 0, 0, ts, tus}
 end
 
 local nh, nl
 if ARGV[4] == '' then
-  local t = redis.call('TIME')
-  local s, us = tonumber(t[1]), tonumber(t[2])
+  local s, us = ts, tus
   local sh = math.floor(s / 65536)
   local sl = s - sh * 65536
   local x = sh * 1000000000              -- < 2^45; the value is x * 2^16
@@ -47,24 +67,89 @@ else
   nh, nl = tonumber(ARGV[4]), tonumber(ARGV[5])
 end
 
-if not rec then return {0, nh, nl} end
+local ok, rec = pcall(redis.call, 'GET', key)
+if not ok then
+  return {3, 0, 0, ts, tus, redis.call('TYPE', key)['ok']}
+end
+if not rec then return {0, nh, nl, ts, tus} end
+local function client() return {2, nh, nl, ts, tus, rec} end
 local cmds = {}
 if ARGV[1] == '11' then
-  for j = 7, #ARGV - 2, 3 do cmds[#cmds + 1] = {tonumber(ARGV[j]), ARGV[j + 1], ARGV[j + 2]} end
+  for j = 9, #ARGV - 2, 3 do cmds[#cmds + 1] = {tonumber(ARGV[j]), ARGV[j + 1], ARGV[j + 2]} end
 else
   cmds[1] = {tonumber(ARGV[1]), ARGV[2], ARGV[3]}
 end
 for j = 1, #cmds do
-  if cmds[j][1] == 0 then return {2, nh, nl, rec} end
+  if cmds[j][1] == 0 then return client() end
 end
-if #rec < 12 or string.sub(rec, 1, 6) ~= 'b4rs\1\0' then return {2, nh, nl, rec} end
+if #rec < 12 or string.sub(rec, 1, 6) ~= 'b4rs\1\0' then return client() end
 local n = struct.unpack('>I2', rec, 7)
-if n < 1 or n > 16 or #rec < 12 + 56 * n then return {2, nh, nl, rec} end
+if n < 1 or n > 16 or #rec < 12 + 56 * n then return client() end
 
 local function small(pos)
   local h, l = struct.unpack('>i4I4', rec, pos)
   if h >= 2097152 or h < -2097152 then return nil end
   return h * P32 + l
+end
+
+-- FNV-1a (32 bits) of `str` from hash `h`: h * 0x01000193 mod 2^32 is
+-- (h mod 2^8) * 2^24 + h * 403 mod 2^32, every term below 2^53.
+local function fnv(h, str)
+  for k = 1, #str do
+    local lo = h % 256
+    h = h - lo + bit.band(bit.bxor(lo, string.byte(str, k)), 255)
+    h = ((h % 256) * 16777216 + h * 403) % P32
+  end
+  return h
+end
+
+-- Everything the client's decoder checks (format.rs `decode`), before anything is computed:
+-- a record it would reject goes to the client untouched. Per bandwidth: whether it has
+-- explicit initial tokens and their value (nil when 2^53 or more).
+local V = {}
+do
+  local pos = 13 + 56 * n
+  local sum = fnv(2166136261, string.sub(rec, 1, 8))
+  local ids = {}
+  for i = 1, n do
+    local base = 13 + 56 * (i - 1)
+    local kind, flags = string.byte(rec, base, base + 1)
+    if string.sub(rec, base + 2, base + 7) ~= '\0\0\0\0\0\0' or flags > 7 or kind > 2 then
+      return client()
+    end
+    local fi, fa, fid = flags % 2, math.floor(flags / 2) % 2, math.floor(flags / 4)
+    if fa == 1 and (kind ~= 2 or fi == 1) then return client() end
+    local c, t, p = small(base + 8), small(base + 16), small(base + 24)
+    if not (c and t and p) or c < 1 or t < 1 or p < 1 or t > p then return client() end
+    sum = fnv(sum, string.sub(rec, base, base + 31))
+    local v = {fi = fi}
+    if fi == 1 then
+      if pos + 7 > #rec then return client() end
+      local h = struct.unpack('>i4', rec, pos)
+      if h < 0 then return client() end
+      v.init = small(pos)
+      pos = pos + 8
+    end
+    if kind == 2 then
+      if pos + 7 > #rec then return client() end
+      local f = small(pos)
+      if f == nil or f < 0 or math.fmod(f, 1000000) ~= 0 then return client() end
+      pos = pos + 8
+    end
+    if fid == 1 then
+      if pos + 1 > #rec then return client() end
+      local len = struct.unpack('>I2', rec, pos)
+      local id = string.sub(rec, pos + 2, pos + 1 + len)
+      -- ASCII ids only here (valid UTF-8 for certain); others go to the client
+      if #id ~= len or string.find(id, '[\128-\255]') or ids[id] then return client() end
+      ids[id] = true
+      pos = pos + 2 + len
+    end
+    V[i] = v
+  end
+  if pos ~= #rec + 1 then return client() end
+  sum = fnv(sum, string.sub(rec, 13 + 56 * n))
+  if sum ~= struct.unpack('>I4', rec, 9) then return client() end
 end
 
 -- L - now, exact, or nil when it does not fit below 2^53
@@ -83,12 +168,12 @@ for i = 1, n do
   local s, e = small(base + 40), small(base + 48)
   if kind > 2 or not (c and t and p and s and e) or e < 0 or e >= p or p < 1 or t < 1
       or c < 1 or (kind ~= 0 and e ~= 0) then
-    return {2, nh, nl, rec}
+    return client()
   end
   -- refill to now (SEMANTICS 4.1)
   local el = minus_now(lh, ll)
   if el == nil then
-    if lh - nh < 0 then return {2, nh, nl, rec} end -- now far ahead of L: too long a gap
+    if lh - nh < 0 then return client() end -- now far ahead of L: too long a gap
     el = -1                                          -- L far ahead of now: no refill
   else
     el = -el
@@ -103,9 +188,9 @@ for i = 1, n do
       if ll >= P32 then ll = ll - P32; lh = lh + 1 end
       if s < c then
         local td = t * d
-        if td >= LIM then return {2, nh, nl, rec} end
+        if td >= LIM then return client() end
         local v = td + e
-        if v >= LIM then return {2, nh, nl, rec} end
+        if v >= LIM then return client() end
         local r = math.fmod(v, p)
         local add = (v - r) / p
         if s + add >= c then s = c; e = 0 else s = s + add; e = r end
@@ -132,12 +217,18 @@ local function wait_for(b, deficit)
   end
   local gap = lmn
   if gap < 0 then gap = 0 end
-  local pd = b.p * deficit
-  if pd >= LIM then return nil end
-  local need = pd - b.e
-  local r = math.fmod(need, b.t)
-  local q = (need - r) / b.t
+  -- ceil((P * deficit - e) / T) without forming P * deficit: with P = T * qp + rp it is
+  -- qp * deficit + ceil((rp * deficit - e) / T), each term checked below 2^53.
+  local rp = math.fmod(b.p, b.t)
+  local qp = (b.p - rp) / b.t
+  local whole, part = qp * deficit, rp * deficit
+  if whole >= LIM or part >= LIM then return nil end
+  local x = part - b.e
+  local r = math.fmod(x, b.t)
+  local q = (x - r) / b.t
   if r > 0 then q = q + 1 end
+  q = whole + q
+  if q >= LIM then return nil end
   local w = gap + q
   if w >= LIM then return nil end
   return w
@@ -179,10 +270,10 @@ for j = 1, #cmds do
   elseif cmd == 7 then mutate = 'reset'
   elseif cmd == 9 or cmd == 10 then
     local W = request_wait(arg)
-    if W == nil then return {2, nh, nl, rec} end
+    if W == nil then return client() end
     if cmd == 9 or W <= maxw then mutate = 'consume'; amount = arg end
   elseif cmd ~= 3 and cmd ~= 8 then
-    return {2, nh, nl, rec}
+    return client()
   end
 
   if mutate ~= nil then
@@ -191,12 +282,12 @@ for j = 1, #cmds do
       local b = B[i]
       if mutate == 'consume' then
         b.s = b.s - amount
-        if b.s <= -LIM then return {2, nh, nl, rec} end
+        if b.s <= -LIM then return client() end
       elseif mutate == 'add' then
         if b.s + amount >= b.c then b.s = b.c; b.e = 0 else b.s = b.s + amount end
       elseif mutate == 'force' then
         b.s = b.s + amount
-        if b.s >= LIM then return {2, nh, nl, rec} end
+        if b.s >= LIM then return client() end
       else
         b.s = b.c; b.e = 0
       end
@@ -204,26 +295,33 @@ for j = 1, #cmds do
   end
 end
 
-if not wrote then return {1, nh, nl, rec} end
+if not wrote then return {1, nh, nl, ts, tus, rec} end
 
--- TTL: an upper bound (in doubles, rounded generously upwards) of the time until every
--- bandwidth is full again, plus the margin. Never shorter than the exact reset wait.
-local full = 0
+-- TTL (the core's forgettable_at): per bandwidth, the earliest moment from which a fresh
+-- bandwidth would hold exactly what this one holds. A greedy bandwidth starting full: once full
+-- again and past its last refill. Never (keep the record): interval refill, initial tokens
+-- other than the capacity, tokens above capacity. Aligned refill: the client computes it.
+local keep, rel = false, 0
 for i = 1, n do
   local b = B[i]
-  if b.s < b.c then
-    local D = b.c - b.s
-    local lmn = (b.lh - nh) * P32 + (b.ll - nl)
-    local w
-    if b.kind ~= 0 then
-      w = math.ceil(D / b.t) * b.p + lmn
+  if b.s > b.c or (b.s == b.c and b.e ~= 0) or b.kind == 1
+      or (b.kind == 0 and V[i].fi == 1 and V[i].init ~= b.c) then
+    keep = true
+  elseif b.kind == 2 then
+    if not keep then rel = nil end
+  elseif rel ~= nil then
+    local w = 0
+    if b.s < b.c then w = wait_for(b, b.c - b.s) end
+    local lmn = minus_now(b.lh, b.ll)
+    if w == nil or lmn == nil then
+      rel = nil
     else
-      if lmn < 0 then lmn = 0 end
-      w = lmn + (b.p * D) / b.t + 1
+      if lmn > w then w = lmn end
+      if w > rel then rel = w end
     end
-    if w > full then full = w end
   end
 end
+if not keep and rel == nil then return client() end
 
 local parts = {}
 local pos = 1
@@ -239,11 +337,20 @@ end
 parts[#parts + 1] = string.sub(rec, pos)
 local post = table.concat(parts)
 
-local margin = tonumber(ARGV[6])
-local ttl = math.ceil(full * 1.000001 / 1000000) + 1 + margin
-if ttl < 4.0e15 then
+local ttl = nil
+if not keep then
+  -- ceil((rel + margin) / 1 ms), at least 1, exactly as the client rounds its TTLs
+  local v = rel + tonumber(ARGV[7])
+  if v >= LIM then return client() end
+  local r = math.fmod(v, 1000000)
+  ttl = tonumber(ARGV[6]) + (v - r) / 1000000
+  if r > 0 then ttl = ttl + 1 end
+  if ttl < 1 then ttl = 1 end
+  if ttl >= 4.0e15 then ttl = nil end
+end
+if ttl then
   redis.call('SET', key, post, 'PX', ttl)
 else
   redis.call('SET', key, post)
 end
-return {1, nh, nl, rec, post}
+return {1, nh, nl, ts, tus, rec, post}

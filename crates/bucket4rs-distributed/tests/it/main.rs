@@ -10,3 +10,5 @@ mod embedded;
 mod golden;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod redis_faults;

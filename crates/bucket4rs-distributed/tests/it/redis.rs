@@ -17,6 +17,7 @@ use crate::common::{
     hammer_hot_key, patient, random_config, random_op, remote_result, reported, run_children,
     runtime, simple, unique_prefix,
 };
+use crate::redis_faults::OwnRedis;
 
 fn url() -> String {
     std::env::var("BUCKET4RS_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
@@ -93,6 +94,7 @@ async fn seeded(
     let manager = ProxyManager::configure(backend.clone())
         .key_prefix(prefix)
         .time_source(TimeSource::client(clock.clone()))
+        .ttl_margin(MARGIN)
         .build()
         .unwrap();
     let c2 = config.clone();
@@ -112,6 +114,34 @@ async fn seeded(
     }
 }
 
+/// An expiry no write sets: a key that still has it was not written.
+const SENTINEL_MS: i64 = 3_000_000_000_000;
+
+/// The TTL margin of the cross-checks (with a part below a millisecond, which both paths
+/// round up the same way).
+const MARGIN: Duration = Duration::from_nanos(1_500_000_300);
+
+/// The PTTL a write of `state` at `now` must leave: the core's `forgettable_at` plus the
+/// margin, rounded up to milliseconds; -1 (no expiry) when the state is never forgettable.
+fn expected_pttl(
+    config: &bucket4rs_core::BucketConfiguration,
+    state: &BucketState,
+    now: i64,
+) -> i64 {
+    match state.forgettable_at(config, now) {
+        None => -1,
+        Some(at) => {
+            let ns = u128::try_from(at - now).unwrap() + MARGIN.as_nanos();
+            let ms = ns.div_ceil(1_000_000).max(1);
+            if ms >= 4_000_000_000_000_000 {
+                -1
+            } else {
+                ms as i64
+            }
+        }
+    }
+}
+
 #[test]
 fn lua_fast_path_is_byte_identical_to_the_core_on_random_states() {
     let rt = runtime();
@@ -121,6 +151,7 @@ fn lua_fast_path_is_byte_identical_to_the_core_on_random_states() {
         let prefix = unique_prefix("random");
         let mut rng = rand::rng();
         let cases = 1_500;
+        let (mut ttls_checked, mut no_expiry) = (0u64, 0u64);
         for case in 0..cases {
             let Seeded {
                 config,
@@ -135,20 +166,42 @@ fn lua_fast_path_is_byte_identical_to_the_core_on_random_states() {
                     rng.random_range(-10..=10)
                 };
                 clock.advance_nanos(step);
+                let key = bucket.key().as_str();
+                // A sentinel expiry: a write replaces it with its own.
+                let _: () = raw.pexpire(key, SENTINEL_MS).await.unwrap();
+                let before: Vec<u8> = raw.get(key).await.unwrap();
                 let op = random_op(&mut rng);
                 let expected = core_result(op, &config, &mut state, clock.now_nanos());
                 let got = remote_result(op, &bucket).await;
                 assert_eq!(got, expected, "case {case}: {op:?} on {config:?}");
-                let stored: Vec<u8> = raw.get(bucket.key().as_str()).await.unwrap();
+                let stored: Vec<u8> = raw.get(key).await.unwrap();
                 assert_eq!(
                     stored,
                     format::encode(&config, &state),
                     "case {case}: {op:?}"
                 );
+                // Whichever path wrote (the script, or the client's compare-and-set), the
+                // expiry is the core's.
+                let pttl: i64 = raw.pttl(key).await.unwrap();
+                let untouched = (SENTINEL_MS - 5_000..=SENTINEL_MS).contains(&pttl);
+                if stored != before || !untouched {
+                    let want = expected_pttl(&config, &state, clock.now_nanos());
+                    let fits = if want == -1 {
+                        pttl == -1
+                    } else {
+                        (want - 5_000..=want).contains(&pttl)
+                    };
+                    assert!(fits, "case {case}: {op:?} on {config:?}: PTTL {pttl}, expected {want}");
+                    ttls_checked += 1;
+                    no_expiry += u64::from(want == -1);
+                }
             }
         }
         let stats = backend.stats();
-        println!("random cross-check stats: {stats:?}");
+        println!(
+            "random cross-check stats: {stats:?}; {ttls_checked} writes' PTTL checked ({no_expiry} without expiry)"
+        );
+        assert!(ttls_checked > cases && no_expiry > 0 && no_expiry < ttls_checked);
         assert!(
             stats.fast_path > 3 * cases * 7 / 10,
             "the fast path was rarely taken: {stats:?}"
@@ -169,6 +222,7 @@ fn lua_batches_are_byte_identical_to_the_core_applied_in_order() {
         let mut rng = rand::rng();
         let cases = 400;
         let mut ops_sent = 0u64;
+        let mut ttls_checked = 0u64;
         let before = backend.stats();
         for case in 0..cases {
             let later = rng.random_range(0..=2_000_000_000);
@@ -184,20 +238,39 @@ fn lua_batches_are_byte_identical_to_the_core_applied_in_order() {
                 .map(|_| random_op(&mut rng))
                 .collect();
             ops_sent += ops.len() as u64;
+            let key = bucket.key().as_str();
+            let _: () = raw.pexpire(key, SENTINEL_MS).await.unwrap();
+            let before: Vec<u8> = raw.get(key).await.unwrap();
             let (got, expected) =
                 concurrent_and_core(&ops, &bucket, &config, &mut state, now).await;
             assert_eq!(got, expected, "case {case}: {ops:?} on {config:?}");
-            let stored: Vec<u8> = raw.get(bucket.key().as_str()).await.unwrap();
+            let stored: Vec<u8> = raw.get(key).await.unwrap();
             assert_eq!(
                 stored,
                 format::encode(&config, &state),
                 "case {case}: {ops:?}"
             );
+            // Every operation ran at `now`: whichever transaction wrote last, the expiry is
+            // the core's for the final state.
+            let pttl: i64 = raw.pttl(key).await.unwrap();
+            if stored != before || !(SENTINEL_MS - 5_000..=SENTINEL_MS).contains(&pttl) {
+                let want = expected_pttl(&config, &state, now);
+                let fits = if want == -1 {
+                    pttl == -1
+                } else {
+                    (want - 5_000..=want).contains(&pttl)
+                };
+                assert!(fits, "case {case}: {ops:?} on {config:?}: PTTL {pttl}, expected {want}");
+                ttls_checked += 1;
+            }
         }
         let stats = backend.stats();
         let trips = stats.round_trips - before.round_trips;
         let fast = stats.fast_path - before.fast_path;
-        println!("batch cross-check: {ops_sent} operations, {trips} round trips, {stats:?}");
+        println!(
+            "batch cross-check: {ops_sent} operations, {trips} round trips, {ttls_checked} PTTLs checked, {stats:?}"
+        );
+        assert!(ttls_checked > cases / 2, "{ttls_checked}");
         // Two transactions per case (the lone first operation, then the batch); the exact
         // path adds a compare-and-set round trip when a value is out of the script's range.
         assert!(
@@ -432,74 +505,6 @@ fn corrupt_wrong_type_and_future_records_are_typed_errors() {
     });
 }
 
-/// A redis-server of our own on a free loopback port (never the shared one), with an
-/// append-only file fsynced on every write so a restart keeps every acknowledged write.
-struct OwnRedis {
-    port: u16,
-    dir: std::path::PathBuf,
-    child: Option<std::process::Child>,
-}
-
-impl OwnRedis {
-    fn start(port: Option<u16>, dir: Option<std::path::PathBuf>) -> Self {
-        let port = port.unwrap_or_else(|| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        });
-        let dir = dir.unwrap_or_else(|| {
-            let d = std::env::temp_dir().join(unique_prefix("redis-data"));
-            std::fs::create_dir_all(&d).unwrap();
-            d
-        });
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-            ])
-            .args(["--appendonly", "yes", "--appendfsync", "always"])
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed for the outage test");
-        let me = Self {
-            port,
-            dir,
-            child: Some(child),
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "own redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        me
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 #[test]
 fn redis_outage_errors_within_the_timeout_and_resumes_without_granting_twice() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -578,7 +583,6 @@ fn redis_outage_errors_within_the_timeout_and_resumes_without_granting_twice() {
         drain_after_restart(&b, 100, granted, deadline, stored).await;
         drop(restarted);
     });
-    let _ = std::fs::remove_dir_all(&server.dir);
 }
 
 #[test]
