@@ -3,6 +3,8 @@
 
 mod batching;
 mod breaker;
+#[cfg(feature = "redis")]
+mod breaker_redis;
 // The service helpers shared with the `postgres` binary are used here by the Redis tests only.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 mod common;

@@ -434,14 +434,14 @@ fn corrupt_wrong_type_and_future_records_are_typed_errors() {
 
 /// A redis-server of our own on a free loopback port (never the shared one), with an
 /// append-only file fsynced on every write so a restart keeps every acknowledged write.
-struct OwnRedis {
-    port: u16,
-    dir: std::path::PathBuf,
+pub(crate) struct OwnRedis {
+    pub(crate) port: u16,
+    pub(crate) dir: std::path::PathBuf,
     child: Option<std::process::Child>,
 }
 
 impl OwnRedis {
-    fn start(port: Option<u16>, dir: Option<std::path::PathBuf>) -> Self {
+    pub(crate) fn start(port: Option<u16>, dir: Option<std::path::PathBuf>) -> Self {
         let port = port.unwrap_or_else(|| {
             std::net::TcpListener::bind("127.0.0.1:0")
                 .unwrap()
@@ -482,11 +482,11 @@ impl OwnRedis {
         me
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
