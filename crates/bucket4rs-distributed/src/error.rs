@@ -343,7 +343,8 @@ impl PartialEq for DistributedError {
 impl DistributedError {
     /// Whether this is a failure of the infrastructure (timeout or backend error) rather
     /// than of the caller's input or the stored data: what a [`FailurePolicy`](crate::FailurePolicy)
-    /// acts on.
+    /// acts on. A call refused by an open [`CircuitBreaker`](crate::CircuitBreaker) is one
+    /// (a [`BackendErrorKind::Unavailable`] backend error).
     ///
     /// ```
     /// # use bucket4rs_distributed::DistributedError; use std::time::Duration;

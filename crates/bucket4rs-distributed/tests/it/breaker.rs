@@ -180,7 +180,18 @@ fn fault_breaker_opens_after_consecutive_unavailable_calls_and_fails_fast() {
         let t = Instant::now();
         let d = FailurePolicy::deny().try_consume(&b, 1).await.unwrap();
         assert_eq!(d, Decision::DeniedOnFailure);
-        assert!(t.elapsed() < Duration::from_millis(5));
+        let local = simple(1, Duration::from_secs(1_000_000));
+        let fallback = FailurePolicy::fallback(local).unwrap();
+        assert_eq!(
+            fallback.try_consume(&b, 1).await.unwrap(),
+            Decision::Fallback(true)
+        );
+        assert_eq!(
+            fallback.try_consume(&b, 1).await.unwrap(),
+            Decision::Fallback(false)
+        );
+        assert!(t.elapsed() < Duration::from_millis(5), "{:?}", t.elapsed());
+        assert_eq!(backend.transactions(), reached);
         let max = |v: &[Duration]| v.iter().max().unwrap().as_secs_f64() * 1e3;
         let min = |v: &[Duration]| v.iter().min().unwrap().as_secs_f64() * 1e3;
         println!(
