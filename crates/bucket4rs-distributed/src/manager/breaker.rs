@@ -4,13 +4,16 @@
 //! The state is two atomics in the manager (`Breaker`): the count of consecutive "down"
 //! outcomes and whether the breaker is open. A closed breaker costs a call one atomic load
 //! before it goes out and one after (a store only when the count was not already zero): no
-//! lock, no allocation. The caller whose failure reaches the threshold opens the breaker and
-//! spawns the probe task; the probe task is the only thing that closes it, so an open breaker
-//! always has exactly one probe.
+//! lock, no allocation. The caller whose failure reaches the threshold opens the breaker (a
+//! new generation) and spawns the probe task of that generation; a task ends when its
+//! generation is over. A probe task that cannot run (its runtime is not being driven, e.g. a
+//! current-thread runtime entered only by `block_on` calls that fail at once) leaves its
+//! timestamp stale: a call that finds it stale probes in its stead, once per interval.
 
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use core::time::Duration;
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use super::{Inner, backend_error, with_timeout};
 use crate::backend::Backend;
@@ -34,7 +37,9 @@ use crate::key::StorageKey;
 /// The default opens after 5 consecutive failures and probes every 500 ms.
 /// [`CircuitBreaker::off`] turns it off. In-process backends ([`Backend::is_in_process`])
 /// never wait and never have a breaker. The probe runs on the tokio runtime of the call
-/// that opened the breaker; if that runtime shuts down, the breaker closes.
+/// that opened the breaker; if that runtime shuts down, the breaker closes, and while it is
+/// not being driven (a current-thread runtime between `block_on` calls), a call made after
+/// two missed probes runs the probe's read itself before it is answered.
 ///
 /// ```
 /// use bucket4rs_distributed::{CircuitBreaker, EmbeddedBackend, ProxyManager};
@@ -116,6 +121,9 @@ impl CircuitBreaker {
             probe_every,
             failures: AtomicU32::new(0),
             open: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            epoch: Instant::now(),
+            probed_at: AtomicU64::new(0),
         })
     }
 }
@@ -135,16 +143,40 @@ pub(super) struct Breaker {
     /// Consecutive calls that found the backend down.
     failures: AtomicU32,
     open: AtomicBool,
+    /// Incremented each time the breaker opens; its probe task serves that generation.
+    generation: AtomicU64,
+    /// The origin of `probed_at`.
+    epoch: Instant,
+    /// When a probe last started or ended, in nanoseconds since `epoch`.
+    probed_at: AtomicU64,
 }
 
 impl Breaker {
-    /// The error of a call refused while the breaker is open, if it is.
+    /// Whether calls are refused.
     #[inline]
-    pub(super) fn refuse(&self) -> Result<(), DistributedError> {
-        if !self.open.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        Err(self.open_error())
+    pub(super) fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn stamp(&self) {
+        self.probed_at.store(self.now(), Ordering::Release);
+    }
+
+    /// Whether the probe has missed two rounds (its task is not running) and this caller
+    /// claimed the round in its stead.
+    fn claim_stalled_probe(&self, timeout: Duration) -> bool {
+        let round = self.probe_every.saturating_add(timeout).saturating_mul(2);
+        let stale = u64::try_from(round.as_nanos()).unwrap_or(u64::MAX);
+        let (now, last) = (self.now(), self.probed_at.load(Ordering::Acquire));
+        now.saturating_sub(last) > stale
+            && self
+                .probed_at
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
     }
 
     #[cold]
@@ -168,27 +200,70 @@ impl Breaker {
         }
     }
 
-    /// The backend was found down; whether this failure opened the breaker (its caller
-    /// then starts the probe).
+    /// The backend was found down; the generation this failure opened, if it opened the
+    /// breaker (its caller then starts the probe).
     #[cold]
-    fn failed(&self) -> bool {
+    fn failed(&self) -> Option<u64> {
         let before = self
             .failures
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 Some(n.saturating_add(1))
             })
             .unwrap_or(u32::MAX);
-        before.saturating_add(1) >= self.threshold
+        let opened = before.saturating_add(1) >= self.threshold
             && self
                 .open
                 .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+                .is_ok();
+        opened.then(|| {
+            self.stamp();
+            self.generation
+                .fetch_add(1, Ordering::AcqRel)
+                .wrapping_add(1)
+        })
+    }
+
+    /// Whether `generation` is the open breaker's.
+    fn serves(&self, generation: u64) -> bool {
+        self.is_open() && self.generation.load(Ordering::Acquire) == generation
     }
 
     fn close(&self) {
         self.failures.store(0, Ordering::Relaxed);
         self.open.store(false, Ordering::Release);
     }
+}
+
+/// A call on `key` while the breaker of `inner` is open: refused at once, unless the probe
+/// task has stalled, in which case this call runs the probe's read and, when the backend
+/// answers, closes the breaker and goes on.
+#[cold]
+pub(super) async fn while_open<B: Backend>(
+    inner: &Inner<B>,
+    breaker: &Breaker,
+    key: &StorageKey,
+) -> Result<(), DistributedError> {
+    if !breaker.claim_stalled_probe(inner.timeout) {
+        return Err(breaker.open_error());
+    }
+    let read = probe_read(inner, key).await;
+    breaker.stamp();
+    if read {
+        breaker.close();
+        Ok(())
+    } else {
+        Err(breaker.open_error())
+    }
+}
+
+/// One probe: a read of `key` within the manager's timeout; whether the backend answered
+/// (even with an error about the key, e.g. a wrong type).
+async fn probe_read<B: Backend>(inner: &Inner<B>, key: &StorageKey) -> bool {
+    let read = with_timeout(inner.timeout, async {
+        inner.backend.read(key).await.map_err(backend_error)
+    })
+    .await;
+    !matches!(read, Err(e) if means_down(&e))
 }
 
 /// Whether an error means that the backend is down (what the breaker counts).
@@ -221,29 +296,30 @@ pub(super) fn record<B: Backend, T>(
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    if breaker.failed() {
-        handle.spawn(probe(Arc::downgrade(inner), key.clone()));
+    if let Some(generation) = breaker.failed() {
+        handle.spawn(probe(Arc::downgrade(inner), key.clone(), generation));
     }
 }
 
-/// Closes the breaker when the probe task ends, however it ends (the backend answered, the
-/// manager was dropped, or the runtime shut down and dropped the task).
-struct CloseOnDrop<B: Backend>(Weak<Inner<B>>);
+/// Closes the breaker when the probe task of its generation ends, however it ends (the
+/// backend answered, or the runtime shut down and dropped the task).
+struct CloseOnDrop<B: Backend>(Weak<Inner<B>>, u64);
 
 impl<B: Backend> Drop for CloseOnDrop<B> {
     fn drop(&mut self) {
         if let Some(inner) = self.0.upgrade() {
-            if let Some(b) = &inner.breaker {
+            if let Some(b) = inner.breaker.as_ref().filter(|b| b.serves(self.1)) {
                 b.close();
             }
         }
     }
 }
 
-/// The probe task: every `probe_every`, reads `key` (within the manager's timeout) until the
-/// backend answers.
-async fn probe<B: Backend>(inner: Weak<Inner<B>>, key: StorageKey) {
-    let _close = CloseOnDrop(inner.clone());
+/// The probe task of `generation`: every `probe_every`, reads `key` (within the manager's
+/// timeout) until the backend answers, the generation is over (the breaker was closed, e.g.
+/// by a call that probed in a stalled task's stead) or the manager is dropped.
+async fn probe<B: Backend>(inner: Weak<Inner<B>>, key: StorageKey, generation: u64) {
+    let _close = CloseOnDrop(inner.clone(), generation);
     let Some(every) = inner
         .upgrade()
         .and_then(|i| i.breaker.as_ref().map(|b| b.probe_every))
@@ -256,14 +332,14 @@ async fn probe<B: Backend>(inner: Weak<Inner<B>>, key: StorageKey) {
         let Some(i) = inner.upgrade() else {
             return;
         };
-        let read = with_timeout(i.timeout, async {
-            i.backend.read(&key).await.map_err(backend_error)
-        })
-        .await;
-        match read {
-            Err(e) if means_down(&e) => {}
-            // An answer, even an error about the key (e.g. a wrong type): the backend is up.
-            _ => return,
+        let Some(b) = i.breaker.as_ref().filter(|b| b.serves(generation)) else {
+            return;
+        };
+        b.stamp();
+        let answered = probe_read(&i, &key).await;
+        b.stamp();
+        if answered {
+            return;
         }
     }
 }

@@ -583,8 +583,8 @@ impl<B: Backend> ProxyManager<B> {
             // Never waits and never asks for a retry: no timer, no retry loop.
             return inner.backend.transact(key, tx).await.map_err(backend_error);
         }
-        if let Some(b) = &inner.breaker {
-            b.refuse()?;
+        if let Some(b) = inner.breaker.as_ref().filter(|b| b.is_open()) {
+            breaker::while_open(inner, b, key).await?;
         }
         // Every attempt carries the moment the caller gives up, for the server to check
         // (the timeout is at most an hour: the sum cannot overflow).
@@ -625,8 +625,8 @@ impl<B: Backend> ProxyManager<B> {
             let mut f = f;
             return f().await.map_err(backend_error);
         }
-        if let Some(b) = &inner.breaker {
-            b.refuse()?;
+        if let Some(b) = inner.breaker.as_ref().filter(|b| b.is_open()) {
+            breaker::while_open(inner, b, key).await?;
         }
         let outcome = with_timeout(inner.timeout, async { retrying(&inner.retry, f).await }).await;
         breaker::record(inner, key, &outcome);

@@ -82,8 +82,12 @@ fn fault_breaker_fails_fast_while_redis_refuses_connections_and_recovers_after_r
         let off = failures(&plain, 10).await;
         let first = failures(&guarded, threshold as usize).await;
         let fast = failures(&guarded, 50).await;
+        // Not one waits for the server (the 300 ms timeout): slack for a loaded machine;
+        // the median well under a millisecond.
+        let mut sorted = fast.clone();
+        sorted.sort_by(f64::total_cmp);
         assert!(
-            fast.iter().all(|&ms| ms < 5.0),
+            fast.iter().all(|&ms| ms < 25.0) && sorted[sorted.len() / 2] < 1.0,
             "open breaker: {}",
             range(&fast)
         );
