@@ -305,6 +305,14 @@ pub enum DistributedError {
     /// A blocking call was made where it cannot block (inside an async context, or on a
     /// current-thread runtime that would never make progress).
     Blocking(&'static str),
+    /// A manager setting that can only break things, refused by
+    /// [`ManagerBuilder::build`](crate::ManagerBuilder::build).
+    InvalidSetting {
+        /// The builder method of the setting.
+        setting: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }
 
 impl PartialEq for DistributedError {
@@ -317,6 +325,16 @@ impl PartialEq for DistributedError {
             (Self::Timeout { after: a }, Self::Timeout { after: b }) => a == b,
             (Self::Backend(a), Self::Backend(b)) => a.kind == b.kind && a.message == b.message,
             (Self::Blocking(a), Self::Blocking(b)) => a == b,
+            (
+                Self::InvalidSetting {
+                    setting: a,
+                    reason: r,
+                },
+                Self::InvalidSetting {
+                    setting: b,
+                    reason: q,
+                },
+            ) => a == b && r == q,
             _ => false,
         }
     }
@@ -325,7 +343,8 @@ impl PartialEq for DistributedError {
 impl DistributedError {
     /// Whether this is a failure of the infrastructure (timeout or backend error) rather
     /// than of the caller's input or the stored data: what a [`FailurePolicy`](crate::FailurePolicy)
-    /// acts on.
+    /// acts on. A call refused by an open [`CircuitBreaker`](crate::CircuitBreaker) is one
+    /// (a [`BackendErrorKind::Unavailable`] backend error).
     ///
     /// ```
     /// # use bucket4rs_distributed::DistributedError; use std::time::Duration;
@@ -333,6 +352,34 @@ impl DistributedError {
     /// ```
     pub fn is_unavailable(&self) -> bool {
         matches!(self, Self::Timeout { .. } | Self::Backend(_))
+    }
+
+    /// A short, fixed description of what went wrong, free of backend internals (no driver
+    /// message, script hash, key or stored bytes): what a service may show its clients,
+    /// e.g. as the body of a 5xx answer, while the full error (its `Display` and
+    /// [`source`](StdError::source)) goes to the logs.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{BackendError, BackendErrorKind, DistributedError};
+    /// let e = DistributedError::Backend(BackendError::new(BackendErrorKind::Unavailable, "broken pipe"));
+    /// assert_eq!(e.summary(), "the rate-limit store is unavailable");
+    /// assert!(!e.summary().contains("pipe"));
+    /// ```
+    pub fn summary(&self) -> &'static str {
+        match self {
+            Self::Operation(_) => "the request is invalid for this rate limit",
+            Self::Config(_) => "the rate-limit configuration is invalid",
+            Self::Key(_) => "the rate-limit key cannot be stored",
+            Self::Format(_) => "the stored rate-limit state is unreadable",
+            Self::Timeout { .. } => "the rate-limit store did not answer in time",
+            Self::Backend(b) => match b.kind() {
+                BackendErrorKind::Unavailable => "the rate-limit store is unavailable",
+                BackendErrorKind::Timeout => "the rate-limit store did not answer in time",
+                BackendErrorKind::CapacityExhausted => "the rate-limit store is full",
+                _ => "the rate-limit store failed",
+            },
+            Self::Blocking(_) | Self::InvalidSetting { .. } => "the rate limiter is misconfigured",
+        }
     }
 }
 
@@ -346,6 +393,9 @@ impl fmt::Display for DistributedError {
             Self::Timeout { after } => write!(f, "the backend call timed out after {after:?}"),
             Self::Backend(e) => write!(f, "{e}"),
             Self::Blocking(why) => write!(f, "cannot block here: {why}"),
+            Self::InvalidSetting { setting, reason } => {
+                write!(f, "invalid manager setting `{setting}`: {reason}")
+            }
         }
     }
 }
@@ -358,7 +408,7 @@ impl StdError for DistributedError {
             Self::Key(e) => Some(e),
             Self::Format(e) => Some(e),
             Self::Backend(e) => Some(e),
-            Self::Timeout { .. } | Self::Blocking(_) => None,
+            Self::Timeout { .. } | Self::Blocking(_) | Self::InvalidSetting { .. } => None,
         }
     }
 }

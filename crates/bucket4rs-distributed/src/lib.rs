@@ -64,8 +64,8 @@ pub use embedded::EmbeddedBackend;
 pub use error::{BackendError, BackendErrorKind, DistributedError, FormatError, KeyError};
 pub use key::StorageKey;
 pub use manager::{
-    BlockingRemoteBucket, ManagerBuilder, ProxyManager, RemoteBucket, RemoteBucketBuilder,
-    RetryPolicy, TimeSource, VerboseRemoteBucket,
+    BlockingRemoteBucket, CircuitBreaker, ManagerBuilder, ProxyManager, RemoteBucket,
+    RemoteBucketBuilder, RetryPolicy, TimeSource, VerboseRemoteBucket,
 };
 pub use policy::{Decision, FailurePolicy};
 #[cfg(feature = "postgres")]

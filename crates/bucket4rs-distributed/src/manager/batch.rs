@@ -288,6 +288,9 @@ fn duplicate(e: &DistributedError) -> DistributedError {
             BackendError::new(b.kind(), b.message()).retryable(b.is_retryable()),
         ),
         DistributedError::Blocking(s) => DistributedError::Blocking(s),
+        DistributedError::InvalidSetting { setting, reason } => {
+            DistributedError::InvalidSetting { setting, reason }
+        }
     }
 }
 

@@ -285,7 +285,7 @@ impl<B: Backend> RemoteBucket<B> {
     pub async fn raw_record(&self) -> Result<Option<Vec<u8>>, DistributedError> {
         let inner = &self.manager.inner;
         let key = &self.key;
-        inner.call(|| inner.backend.read(key)).await
+        self.manager.call(key, || inner.backend.read(key)).await
     }
 
     /// Consumes `tokens`, sleeping (asynchronously) until they are paid for; returns the

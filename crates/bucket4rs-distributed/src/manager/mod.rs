@@ -5,6 +5,7 @@
 //! record envelope of `crate::record`.
 
 mod batch;
+mod breaker;
 mod bucket;
 
 use core::fmt;
@@ -21,6 +22,8 @@ use crate::format;
 use crate::key::{KeyPolicy, StorageKey};
 
 use batch::{Batching, Lane};
+use breaker::Breaker;
+pub use breaker::CircuitBreaker;
 pub use bucket::{BlockingRemoteBucket, RemoteBucket, RemoteBucketBuilder, VerboseRemoteBucket};
 
 /// Where remote buckets read `now` from.
@@ -146,6 +149,12 @@ impl Default for RetryPolicy {
     }
 }
 
+/// The longest call timeout a manager accepts.
+const MAX_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+
+/// The largest TTL margin a manager accepts.
+const MAX_TTL_MARGIN: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 struct Inner<B> {
     backend: B,
     keys: KeyPolicy,
@@ -155,6 +164,8 @@ struct Inner<B> {
     retry: RetryPolicy,
     ttl_margin: Duration,
     batching: Batching,
+    /// `None` when off or for an in-process backend.
+    breaker: Option<Breaker>,
     /// Keys with an operation in flight through the batching path, and what queued behind it.
     lanes: DashMap<StorageKey, Lane>,
 }
@@ -182,12 +193,13 @@ pub struct ManagerBuilder<B> {
     timeout: Duration,
     retry: RetryPolicy,
     ttl_margin: Duration,
-    batching: Batching,
+    max_batch: usize,
+    breaker: CircuitBreaker,
 }
 
 impl<B: Backend> ManagerBuilder<B> {
     /// Per-key request batching: at most `max` operations per batch (default 64; 1 turns
-    /// batching off).
+    /// batching off; 0 is refused by [`build`](Self::build)).
     ///
     /// With batching, operations on a key that arrive while another operation on the same
     /// key is in flight wait for it and then go to the backend together, as one transaction
@@ -208,7 +220,7 @@ impl<B: Backend> ManagerBuilder<B> {
     /// # Ok::<(), bucket4rs_distributed::DistributedError>(())
     /// ```
     pub fn max_batch(mut self, max: usize) -> Self {
-        self.batching = Batching::up_to(max);
+        self.max_batch = max;
         self
     }
 
@@ -223,7 +235,8 @@ impl<B: Backend> ManagerBuilder<B> {
         self
     }
 
-    /// The longest storage key, in bytes (default 512).
+    /// The longest storage key, in bytes (default 512). [`build`](Self::build) refuses a
+    /// limit that leaves no room for a key after the prefix and its `:`.
     ///
     /// ```
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
@@ -251,7 +264,8 @@ impl<B: Backend> ManagerBuilder<B> {
         self
     }
 
-    /// The longest any call may take, retries included (default 1 s). Always finite.
+    /// The longest any call may take, retries included (default 1 s). [`build`](Self::build)
+    /// refuses zero (every call would fail) and more than one hour.
     ///
     /// ```
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
@@ -263,7 +277,8 @@ impl<B: Backend> ManagerBuilder<B> {
         self
     }
 
-    /// The retry policy (default [`RetryPolicy::default`]).
+    /// The retry policy (default [`RetryPolicy::default`]). Every policy is accepted: it
+    /// makes at least one attempt, and its backoff sleeps count against the call's timeout.
     ///
     /// ```
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager, RetryPolicy};
@@ -277,6 +292,8 @@ impl<B: Backend> ManagerBuilder<B> {
 
     /// Added to every key's TTL (default 1 s): keys expire this long after their bucket
     /// would be full again. Covers clock skew between clients and the backend.
+    /// [`build`](Self::build) refuses more than one year (a margin that large would keep
+    /// records forever, disabling expiry).
     ///
     /// ```
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
@@ -288,11 +305,70 @@ impl<B: Backend> ManagerBuilder<B> {
         self
     }
 
+    /// The circuit breaker (default [`CircuitBreaker::default`]: open after 5 consecutive
+    /// unavailable calls, probe every 500 ms; [`CircuitBreaker::off`] for none). Ignored
+    /// for in-process backends.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{CircuitBreaker, EmbeddedBackend, ProxyManager};
+    /// # use std::time::Duration;
+    /// let m = ProxyManager::configure(EmbeddedBackend::new())
+    ///     .circuit_breaker(CircuitBreaker::new(10, Duration::from_secs(1)))
+    ///     .build()?;
+    /// # Ok::<(), bucket4rs_distributed::DistributedError>(())
+    /// ```
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// Refuses the settings that can only break things.
+    fn check(&self) -> Result<(), DistributedError> {
+        let refuse = |setting, reason| Err(DistributedError::InvalidSetting { setting, reason });
+        if self.timeout.is_zero() {
+            return refuse(
+                "timeout",
+                "must be more than zero (a zero timeout fails every call)",
+            );
+        }
+        if self.timeout > MAX_TIMEOUT {
+            return refuse("timeout", "must be at most one hour");
+        }
+        if self.ttl_margin > MAX_TTL_MARGIN {
+            return refuse(
+                "ttl_margin",
+                "must be at most one year (a larger margin keeps records forever)",
+            );
+        }
+        if self.max_batch == 0 {
+            return refuse("max_batch", "must be at least 1 (1 turns batching off)");
+        }
+        // Room for the prefix, its `:` and at least one byte of key.
+        if self.max_key_len < self.prefix.len().saturating_add(2) {
+            return refuse(
+                "max_key_len",
+                "leaves no room for a key after the prefix and its `:`",
+            );
+        }
+        self.breaker.check()
+    }
+
     /// Builds the manager.
     ///
     /// # Errors
-    /// [`DistributedError::Key`] for an invalid prefix; [`DistributedError::Backend`] when
-    /// the backend clock is asked for but the backend has none.
+    /// [`DistributedError::Key`] for an invalid prefix; [`DistributedError::InvalidSetting`]
+    /// for a setting that can only break things (a zero timeout or one above an hour, a TTL
+    /// margin above a year, a zero batch size, a key length limit with no room for a key, a
+    /// circuit breaker that never closes or never lets a call through);
+    /// [`DistributedError::Backend`] when the backend clock is asked for but the backend has
+    /// none.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{DistributedError, EmbeddedBackend, ProxyManager};
+    /// # use std::time::Duration;
+    /// let zero = ProxyManager::configure(EmbeddedBackend::new()).timeout(Duration::ZERO).build();
+    /// assert!(matches!(zero, Err(DistributedError::InvalidSetting { setting: "timeout", .. })));
+    /// ```
     ///
     /// ```
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
@@ -300,6 +376,7 @@ impl<B: Backend> ManagerBuilder<B> {
     /// # Ok::<(), bucket4rs_distributed::DistributedError>(())
     /// ```
     pub fn build(self) -> Result<ProxyManager<B>, DistributedError> {
+        self.check()?;
         let keys = KeyPolicy::new(self.prefix)?.max_len(self.max_key_len);
         let clock = self.backend.clock();
         let time = match self.time {
@@ -320,6 +397,7 @@ impl<B: Backend> ManagerBuilder<B> {
                 }
             },
         };
+        let breaker = self.breaker.state_for(&self.backend);
         Ok(ProxyManager {
             inner: Arc::new(Inner {
                 backend: self.backend,
@@ -329,7 +407,8 @@ impl<B: Backend> ManagerBuilder<B> {
                 timeout: self.timeout,
                 retry: self.retry,
                 ttl_margin: self.ttl_margin,
-                batching: self.batching,
+                batching: Batching::up_to(self.max_batch),
+                breaker,
                 lanes: DashMap::new(),
             }),
         })
@@ -377,6 +456,7 @@ impl<B: fmt::Debug> fmt::Debug for ProxyManager<B> {
             .field("retry", &self.inner.retry)
             .field("ttl_margin", &self.inner.ttl_margin)
             .field("batching", &self.inner.batching)
+            .field("breaker", &self.inner.breaker)
             .finish()
     }
 }
@@ -414,7 +494,8 @@ impl<B: Backend> ProxyManager<B> {
             timeout: Duration::from_secs(1),
             retry: RetryPolicy::default(),
             ttl_margin: Duration::from_secs(1),
-            batching: Batching::default(),
+            max_batch: Batching::DEFAULT_MAX_BATCH,
+            breaker: CircuitBreaker::default(),
         }
     }
 
@@ -477,7 +558,7 @@ impl<B: Backend> ProxyManager<B> {
     pub async fn remove(&self, key: impl AsRef<[u8]>) -> Result<bool, DistributedError> {
         let key = self.storage_key(key)?;
         let inner = &self.inner;
-        inner.call(|| inner.backend.remove(&key)).await
+        self.call(&key, || inner.backend.remove(&key)).await
     }
 
     async fn read_record(
@@ -485,7 +566,7 @@ impl<B: Backend> ProxyManager<B> {
         key: &StorageKey,
     ) -> Result<Option<format::Record>, DistributedError> {
         let inner = &self.inner;
-        let bytes = inner.call(|| inner.backend.read(key)).await?;
+        let bytes = self.call(key, || inner.backend.read(key)).await?;
         match bytes {
             None => Ok(None),
             Some(b) => Ok(Some(format::decode(&b)?)),
@@ -502,14 +583,18 @@ impl<B: Backend> ProxyManager<B> {
             // Never waits and never asks for a retry: no timer, no retry loop.
             return inner.backend.transact(key, tx).await.map_err(backend_error);
         }
-        // Every attempt carries the moment the caller gives up, for the server to check.
+        if let Some(b) = inner.breaker.as_ref().filter(|b| b.is_open()) {
+            breaker::while_open(inner, b, key).await?;
+        }
+        // Every attempt carries the moment the caller gives up, for the server to check
+        // (the timeout is at most an hour: the sum cannot overflow).
         let mut tx = Deadlined {
             deadline: std::time::Instant::now() + inner.timeout,
             tx,
         };
         // Boxed (one allocation next to a network round trip): the timer and the retry
         // sleep would otherwise be part of every call's future, in-process ones too.
-        Box::pin(with_timeout(inner.timeout, async {
+        let outcome = Box::pin(with_timeout(inner.timeout, async {
             let mut attempt = 0;
             loop {
                 match inner.backend.transact(key, &mut tx).await {
@@ -522,23 +607,30 @@ impl<B: Backend> ProxyManager<B> {
                 }
             }
         }))
-        .await
+        .await;
+        breaker::record(inner, key, &outcome);
+        outcome
     }
-}
 
-impl<B: Backend> Inner<B> {
-    /// One backend call: bounded by the timeout and retried when retryable, except on an
-    /// in-process backend (which never waits and whose errors are final).
-    async fn call<T, F, Fut>(&self, f: F) -> Result<T, DistributedError>
+    /// One backend call on `key`: refused at once while the circuit breaker is open, else
+    /// bounded by the timeout and retried when retryable, except on an in-process backend
+    /// (which never waits and whose errors are final).
+    async fn call<T, F, Fut>(&self, key: &StorageKey, f: F) -> Result<T, DistributedError>
     where
         F: FnMut() -> Fut,
         Fut: core::future::Future<Output = Result<T, BackendError>>,
     {
-        if self.backend.is_in_process() {
+        let inner = &self.inner;
+        if inner.backend.is_in_process() {
             let mut f = f;
             return f().await.map_err(backend_error);
         }
-        with_timeout(self.timeout, async { retrying(&self.retry, f).await }).await
+        if let Some(b) = inner.breaker.as_ref().filter(|b| b.is_open()) {
+            breaker::while_open(inner, b, key).await?;
+        }
+        let outcome = with_timeout(inner.timeout, async { retrying(&inner.retry, f).await }).await;
+        breaker::record(inner, key, &outcome);
+        outcome
     }
 }
 

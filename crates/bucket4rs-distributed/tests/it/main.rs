@@ -2,6 +2,9 @@
 //! and a Redis at `BUCKET4RS_REDIS_URL`, default `redis://127.0.0.1:6379`).
 
 mod batching;
+mod breaker;
+#[cfg(feature = "redis")]
+mod breaker_redis;
 // The service helpers shared with the `postgres` binary are used here by the Redis tests only.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 mod common;
