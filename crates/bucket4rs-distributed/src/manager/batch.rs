@@ -10,6 +10,7 @@
 
 use core::time::Duration;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bucket4rs_core::Clock;
 use dashmap::mapref::entry::Entry;
@@ -68,6 +69,8 @@ trait Queued: Send + Sync {
     fn command(&self) -> Command;
     /// The caller went away (dropped its future or timed out) before the batch was formed.
     fn is_withdrawn(&self) -> bool;
+    /// When the caller stops waiting (it queued, then waits at most the manager's timeout).
+    fn deadline(&self) -> Instant;
     /// Runs the operation on `record` at `now` exactly as a lone transaction would (the
     /// supplier creates the record when `None`; on an error the record is left as it was)
     /// and keeps the outcome. Whether the record must be written.
@@ -84,6 +87,7 @@ struct Pending<J: Job> {
     supplier: Supplier,
     out: Option<Outcome<J::Output>>,
     reply: oneshot::Sender<Outcome<J::Output>>,
+    deadline: Instant,
 }
 
 impl<J: Job> Queued for Pending<J> {
@@ -93,6 +97,10 @@ impl<J: Job> Queued for Pending<J> {
 
     fn is_withdrawn(&self) -> bool {
         self.reply.is_closed()
+    }
+
+    fn deadline(&self) -> Instant {
+        self.deadline
     }
 
     fn apply(&mut self, record: &mut Option<Record>, now: i64, wall: bool) -> bool {
@@ -120,6 +128,9 @@ struct BatchTx<'a> {
     clock: Option<&'a (dyn Clock + Send + Sync)>,
     wall: bool,
     margin: Duration,
+    /// The earliest deadline of its callers: a server must not run the batch after any of
+    /// them gave up, or that caller would be charged for a call it saw time out.
+    deadline: Option<Instant>,
 }
 
 impl Transaction for BatchTx<'_> {
@@ -144,6 +155,10 @@ impl Transaction for BatchTx<'_> {
 
     fn ttl_margin(&self) -> Duration {
         self.margin
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.deadline
     }
 
     fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write {
@@ -252,12 +267,14 @@ impl<B: Backend> ProxyManager<B> {
     async fn run_batch(&self, key: &StorageKey, items: &mut Vec<Box<dyn Queued>>) {
         let inner = &self.inner;
         let commands = items.iter().map(|q| q.command()).collect();
+        let deadline = items.iter().map(|q| q.deadline()).min();
         let mut tx = BatchTx {
             items: items.as_mut_slice(),
             commands,
             clock: inner.time.0.as_deref(),
             wall: inner.wall,
             margin: inner.ttl_margin,
+            deadline,
         };
         if let Err(e) = self.transact(key, &mut tx).await {
             // Every caller gets the error; the last one the original (with its source).
@@ -336,6 +353,8 @@ where
                 supplier: Arc::clone(&bucket.supplier),
                 out: None,
                 reply: tx,
+                // Taken before the caller's timer starts below, so never later than it.
+                deadline: Instant::now() + inner.timeout,
             }));
             (None, Some(rx))
         }

@@ -588,8 +588,10 @@ impl<B: Backend> ProxyManager<B> {
         }
         // Every attempt carries the moment the caller gives up, for the server to check
         // (the timeout is at most an hour: the sum cannot overflow).
+        // A batch brings the earliest deadline of its callers.
+        let own = std::time::Instant::now() + inner.timeout;
         let mut tx = Deadlined {
-            deadline: std::time::Instant::now() + inner.timeout,
+            deadline: tx.deadline().map_or(own, |d| d.min(own)),
             tx,
         };
         // Boxed (one allocation next to a network round trip): the timer and the retry

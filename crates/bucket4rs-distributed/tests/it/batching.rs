@@ -4,7 +4,7 @@
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bucket4rs_core::{BucketState, ManualClock};
@@ -28,6 +28,7 @@ struct Counting<B> {
     delay: Duration,
     transactions: AtomicU64,
     sizes: Mutex<Vec<usize>>,
+    deadlines: Mutex<Vec<Option<Instant>>>,
 }
 
 impl<B> Counting<B> {
@@ -37,6 +38,7 @@ impl<B> Counting<B> {
             delay,
             transactions: AtomicU64::new(0),
             sizes: Mutex::new(Vec::new()),
+            deadlines: Mutex::new(Vec::new()),
         })
     }
 
@@ -67,6 +69,7 @@ impl<B: Backend> Backend for Counting<B> {
             _ => 1,
         };
         self.sizes.lock().unwrap().push(size);
+        self.deadlines.lock().unwrap().push(tx.deadline());
         tokio::time::sleep(self.delay).await;
         self.inner.transact(key, tx).await
     }
@@ -270,5 +273,47 @@ fn an_idle_key_sends_its_operation_at_once() {
             assert!(b.try_consume(1).await.unwrap());
         }
         assert_eq!(backend.sizes(), vec![1; 5]);
+    });
+}
+
+/// A batch carries the earliest deadline of its callers, not its own start plus the timeout:
+/// a caller queued behind a slow operation has been waiting already, and a server that ran
+/// the batch after that caller gave up would charge it for a call it saw time out.
+#[test]
+fn a_batch_carries_the_earliest_deadline_of_its_callers() {
+    let rt = runtime();
+    rt.block_on(async {
+        let timeout = Duration::from_secs(1);
+        let backend = Counting::new(MapBackend::default(), Duration::from_millis(300));
+        let clock = ManualClock::new(0);
+        let m = ProxyManager::configure(backend.clone())
+            .time_source(TimeSource::client(clock.clone()))
+            .timeout(timeout)
+            .build()
+            .unwrap();
+        let b = bucket(&m, 100);
+        let leader = {
+            let b = b.clone();
+            tokio::spawn(async move { b.try_consume(1).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await; // the leader is in flight
+        let before = Instant::now();
+        let queued = {
+            let b = b.clone();
+            tokio::spawn(async move { b.try_consume(1).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await; // queued behind the leader
+        let after = Instant::now();
+        assert!(leader.await.unwrap().unwrap());
+        assert!(queued.await.unwrap().unwrap());
+        assert_eq!(backend.sizes(), vec![1, 1]);
+        let batch = backend.deadlines.lock().unwrap()[1].expect("a remote call has a deadline");
+        // Formed when the leader finished (~300 ms later): its own start plus the timeout
+        // would lie ~270 ms past the queued caller's deadline.
+        assert!(
+            batch >= before + timeout && batch <= after + timeout,
+            "the batch's deadline is {:?} after the caller queued (timeout {timeout:?})",
+            batch.saturating_duration_since(before)
+        );
     });
 }
