@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use bucket4rs_core::{Bandwidth, BucketConfiguration, ManualClock};
 use bucket4rs_distributed::{
-    Backend, BackendErrorKind, DistributedError, ProxyManager, RedisBackend, RedisOptions,
-    RetryPolicy, TimeSource, format,
+    Backend, BackendErrorKind, CircuitBreaker, DistributedError, ProxyManager, RedisBackend,
+    RedisOptions, RetryPolicy, TimeSource, format,
 };
 use redis::AsyncCommands;
 
@@ -204,8 +204,10 @@ fn fault_redis_frozen_calls_time_out_and_charge_nothing_after_resume() {
     let server = OwnRedis::start(None, None);
     runtime().block_on(async {
         let timeout = Duration::from_millis(200);
+        // Every call must reach the frozen server: no circuit breaker answering for it.
         let strict = ProxyManager::configure(connect(&server, RedisOptions::default()).await)
             .timeout(timeout)
+            .circuit_breaker(CircuitBreaker::off())
             .build()
             .unwrap();
         let lenient = patient(connect(&server, RedisOptions::default()).await);
