@@ -1473,3 +1473,56 @@ async fn fault_5xx_bodies_say_what_happened_and_the_detail_goes_to_tracing() {
         seen.0.lock().unwrap().len()
     );
 }
+
+/// Hostile keys get the missing-key answer (a problem body, 401 by default) and touch no
+/// bucket, on both stores; a key at the length limit is served.
+#[tokio::test]
+async fn hostile_keys_get_a_clear_4xx_and_change_no_state() {
+    for store in stores(10_000) {
+        let kind = store.kind;
+        let layer = store.builder().plans(free_plan()).build().unwrap();
+        let svc = layer.clone().layer(hello());
+        let longest = "k".repeat(256);
+        let r = call(&svc, req(Some(&longest), "/")).await;
+        assert_eq!(r.status(), StatusCode::OK, "{kind:?}: 256 bytes is allowed");
+        assert_eq!(store.keys(&layer), 1, "{kind:?}");
+        let hostile: [&[u8]; 9] = [
+            &[b'k'; 257],
+            &[b'k'; 65_536],
+            b"",
+            b"   ",
+            b"\t \t",
+            b"caf\xc3\xa9",
+            b"\xff\xfe",
+            b"key\x80",
+            b"\xc3\x28 invalid utf-8",
+        ];
+        for bytes in hostile {
+            let mut r = req(None, "/");
+            r.headers_mut()
+                .insert("x-api-key", HeaderValue::from_bytes(bytes).unwrap());
+            let r = call(&svc, r).await;
+            let shown = String::from_utf8_lossy(&bytes[..bytes.len().min(16)]).into_owned();
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{kind:?}: {shown:?}");
+            assert_eq!(r.headers()["content-type"], "application/problem+json");
+            assert_eq!(
+                body_json(&r)["detail"],
+                "the request carries no usable client key",
+                "{kind:?}: {shown:?}"
+            );
+            assert!(r.headers().get("ratelimit").is_none(), "{kind:?}");
+        }
+        assert_eq!(
+            store.keys(&layer),
+            1,
+            "{kind:?}: no bucket for a hostile key"
+        );
+        // The served key's bucket is as one request left it.
+        let r = call(&svc, req(Some(&longest), "/")).await;
+        assert_eq!(
+            r.headers()["ratelimit"],
+            r#""burst";r=18;t=0, "daily";r=998;t=0"#,
+            "{kind:?}"
+        );
+    }
+}
