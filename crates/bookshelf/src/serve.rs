@@ -84,7 +84,8 @@ impl ServeOptions {
     /// What is wrong, naming the flag.
     ///
     /// ```
-    /// let o = bookshelf::ServeOptions { max_connections: 0, ..Default::default() };
+    /// let mut o = bookshelf::ServeOptions::default();
+    /// o.max_connections = 0;
     /// assert!(o.check().unwrap_err().contains("--max-connections"));
     /// ```
     pub fn check(&self) -> Result<(), String> {
