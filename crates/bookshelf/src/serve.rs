@@ -42,7 +42,9 @@ pub struct ServeOptions {
     /// after this long too). Bytes trickling in do not extend it. Default 10 s.
     pub header_timeout: Duration,
     /// A connection on which no byte moves either way for this long is closed: a request
-    /// body that stops arriving, a client that stops reading its response. Default 60 s.
+    /// body that stops arriving, a client that stops reading its response (and a handler
+    /// that runs this long without a byte moving, so keep it above the slowest handler).
+    /// Default 60 s.
     pub idle_timeout: Duration,
     /// Open connections at most; at the cap the server stops accepting (new connections
     /// wait in the kernel's backlog) until one closes. Default 1,024.
