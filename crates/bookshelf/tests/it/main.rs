@@ -430,7 +430,7 @@ async fn fault_the_binary_serves_while_redis_is_down_at_start() {
     let started = std::time::Instant::now();
     let mut child = Child(
         std::process::Command::new(env!("CARGO_BIN_EXE_bookshelf"))
-            .args(["--redis", &redis, "--addr", &addr])
+            .args(["--redis", &redis, "--addr", &addr, "--header-timeout", "1s"])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -453,6 +453,7 @@ async fn fault_the_binary_serves_while_redis_is_down_at_start() {
         .expect("the banner within 10 s")
         .unwrap();
     assert!(banner.contains("listening"), "{banner}");
+    let serving = started.elapsed();
     assert!(child.0.try_wait().unwrap().is_none(), "the server exited");
     let client = reqwest::Client::new();
     let health = client
@@ -477,10 +478,32 @@ async fn fault_the_binary_serves_while_redis_is_down_at_start() {
         !body.contains("refused") && !body.contains("127.0.0.1"),
         "{body}"
     );
+    // The flag reaches the server: a half-sent request is closed after about 1 s.
+    let mut half = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut half, b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let t = std::time::Instant::now();
+    let mut buf = [0u8; 512];
+    loop {
+        let n = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::io::AsyncReadExt::read(&mut half, &mut buf),
+        )
+        .await
+        .expect("closed within 5 s (--header-timeout 1s)");
+        if n.map_or(true, |n| n == 0) {
+            break;
+        }
+    }
+    let closed = t.elapsed();
+    assert!(closed < Duration::from_secs(3), "{closed:?}");
     println!(
         "fault: binary with Redis down at start: serving {} ms after launch, /health 200, a \
-         lookup 503 without backend text",
-        started.elapsed().as_millis()
+         lookup 503 without backend text; a half-sent request closed after {:.2} s \
+         (--header-timeout 1s)",
+        serving.as_millis(),
+        closed.as_secs_f64()
     );
 }
 
