@@ -75,6 +75,7 @@ impl<B: Backend> Deferred<B> {
         let slot = Arc::clone(&state);
         let task = tokio::spawn(async move {
             let mut wait = FIRST_BACKOFF;
+            let mut failed = 0u32;
             loop {
                 match connect().await {
                     Ok((backend, guard)) => {
@@ -82,10 +83,15 @@ impl<B: Backend> Deferred<B> {
                             backend,
                             _guard: Box::new(guard),
                         });
-                        tracing::warn!("{what}: connected");
+                        if failed > 0 {
+                            tracing::warn!("{what}: connected after {failed} failed attempts");
+                        } else {
+                            tracing::info!("{what}: connected");
+                        }
                         return;
                     }
                     Err(e) => {
+                        failed = failed.saturating_add(1);
                         tracing::warn!("{what}: cannot connect ({e}); retrying in {wait:?}");
                         tokio::time::sleep(wait).await;
                         wait = (wait * 2).min(MAX_BACKOFF);
