@@ -231,7 +231,7 @@ fn local_error<ResBody: From<Bytes>>(
             ));
             on_failure(shared, key, cost, e)
         }
-        e => failed(&e, Failed::Other),
+        e => failed(shared, &e, Failed::Other),
     }
 }
 
@@ -240,10 +240,13 @@ fn local_error<ResBody: From<Bytes>>(
 #[cold]
 #[inline(never)]
 fn failed<ResBody: From<Bytes>>(
+    shared: &Shared,
     e: &dyn std::error::Error,
     what: Failed,
 ) -> Verdict<Response<ResBody>> {
-    tracing::error!(error = %e, "rate-limit store failed; answered 500");
+    if let Some(held) = shared.log_gate.admit() {
+        tracing::error!(error = %e, similar_before = held, "rate-limit store failed; answered 500");
+    }
     Verdict::Answer(response::internal_error(what))
 }
 
@@ -263,7 +266,13 @@ fn on_failure<ResBody: From<Bytes>>(
         }
         _ => Unavailable::Store,
     };
-    tracing::warn!(error = %e, "rate-limit store cannot decide; the failure policy answers");
+    if let Some(held) = shared.log_gate.admit() {
+        tracing::warn!(
+            error = %e,
+            similar_before = held,
+            "rate-limit store cannot decide; the failure policy answers"
+        );
+    }
     match shared.failure.on_failure(key.as_bytes(), cost, e) {
         Ok(d) if d.is_allowed() => Verdict::Allow(None),
         Ok(Decision::DeniedOnFailure | Decision::Fallback(false)) => {
@@ -327,8 +336,8 @@ fn decide_remote<ResBody: From<Bytes> + Send + 'static>(
                 shared.missing_key,
                 "the client key is too long",
             )),
-            Err(e @ DistributedError::Format(_)) => failed(&e, Failed::Unreadable),
-            Err(e) => failed(&e, Failed::Other),
+            Err(e @ DistributedError::Format(_)) => failed(&shared, &e, Failed::Unreadable),
+            Err(e) => failed(&shared, &e, Failed::Other),
         }
     }))
 }

@@ -1442,6 +1442,16 @@ async fn fault_5xx_bodies_say_what_happened_and_the_detail_goes_to_tracing() {
             !logged.contains("secret-api-key"),
             "the key is not logged: {logged}"
         );
+        // A flood on a failing store logs a line a second, not a line a request.
+        let before = seen.0.lock().unwrap().len();
+        for _ in 0..200 {
+            assert_eq!(call(&svc, req(Some("k"), "/")).await.status(), status);
+        }
+        let flood = seen.0.lock().unwrap().len() - before;
+        assert!(
+            flood <= 2,
+            "{flood} events for 200 failed requests within a second or so"
+        );
     }
     let svc = RateLimitLayer::builder()
         .backend(ProxyManager::new(Corrupt))
