@@ -17,22 +17,29 @@
 //! ```
 
 use core::convert::Infallible;
-use core::fmt;
 use core::future::Future;
-use std::net::SocketAddr;
+use core::pin::Pin;
+use core::task::{Context, Poll};
 
-use axum::ServiceExt as _;
 use axum::extract::{Path, Query, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use bucket4rs_core::ConfigError;
-use bucket4rs_tower::{
-    PlanTable, PlansError, RateLimit, RateLimitLayer, RateLimitLayerBuilder, RequestInfo,
-};
+use bucket4rs_tower::{PlanTable, RateLimitLayer, RateLimitLayerBuilder, RequestInfo};
 use serde::{Deserialize, Serialize};
 use tower::{Layer as _, Service};
+
+mod args;
+mod deferred;
+mod serve;
+mod store;
+
+pub use args::{Args, ArgsError, MAX_BACKEND_CONNECTIONS, OnFailure, Store, USAGE, load_plans};
+pub use deferred::Deferred;
+pub use serve::{MAX_CONNECTIONS, ServeOptions, serve_with};
+pub use store::{App, app_from};
 
 /// The default plans file, shipped in the crate.
 pub const DEFAULT_PLANS: &str = include_str!("../plans.toml");
@@ -212,7 +219,8 @@ pub fn layer(
         .build()
 }
 
-/// The rate-limited application: [`routes`] behind [`layer`].
+/// The rate-limited application: [`routes`] behind [`layer`], and `GET /health` (200,
+/// outside the limiter: it answers whatever the rate-limit store's state).
 ///
 /// The layer wraps the whole router rather than being added with `Router::layer`, which
 /// axum applies to each route: every request would then also clone the layered route (a
@@ -228,21 +236,93 @@ pub fn layer(
 /// let app = bookshelf::app(RateLimitLayer::builder(), plans)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn app(
-    store: RateLimitLayerBuilder,
-    plans: PlanTable,
-) -> Result<RateLimit<Router>, ConfigError> {
+pub fn app(store: RateLimitLayerBuilder, plans: PlanTable) -> Result<App, ConfigError> {
     // `with_state` turns the handlers into routes once, as `Router::into_make_service*`
     // does; a wrapped router would otherwise do it on every request.
-    Ok(layer(store, plans)?.layer(routes().with_state(())))
+    Ok(WithHealth(
+        layer(store, plans)?.layer(routes().with_state(())),
+    ))
+}
+
+/// `GET /health` answered before the wrapped service (from [`app`]): 200 with
+/// `{"status":"ok"}`, never rate-limited, so a load balancer sees the server up while the
+/// rate-limit store is down. Every other request goes to the wrapped service.
+///
+/// ```
+/// # use tower::ServiceExt;
+/// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
+/// let app = bookshelf::WithHealth(bookshelf::routes().with_state(()));
+/// let req = axum::http::Request::get("/health").body(axum::body::Body::empty())?;
+/// assert_eq!(app.oneshot(req).await?.status(), 200);
+/// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct WithHealth<S>(pub S);
+
+impl<S> Service<Request> for WithHealth<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = HealthFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        if req.uri().path() == "/health" {
+            let mut r = (StatusCode::OK, r#"{"status":"ok"}"#).into_response();
+            r.headers_mut().insert(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            );
+            HealthFuture {
+                inner: None,
+                ready: Some(r),
+            }
+        } else {
+            HealthFuture {
+                inner: Some(self.0.call(req)),
+                ready: None,
+            }
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`WithHealth`]: the health answer, or the wrapped service's.
+    #[derive(Debug)]
+    pub struct HealthFuture<F> {
+        #[pin]
+        inner: Option<F>,
+        ready: Option<Response>,
+    }
+}
+
+impl<F: Future<Output = Result<Response, Infallible>>> Future for HealthFuture<F> {
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        match this.inner.as_pin_mut() {
+            Some(inner) => inner.poll(cx),
+            None => this
+                .ready
+                .take()
+                .map_or(Poll::Pending, |r| Poll::Ready(Ok(r))),
+        }
+    }
 }
 
 /// Serves `app` (the [`app`], or the bare [`routes`]) on `listener` until `shutdown`
-/// completes, then finishes in-flight requests. Handlers see the peer address as
-/// `ConnectInfo<SocketAddr>`.
+/// completes, then finishes in-flight requests: [`serve_with`] the default
+/// [`ServeOptions`] (10 s to send a request's headers, 60 s idle, 1,024 connections).
 ///
 /// # Errors
-/// I/O errors of the listener.
+/// As [`serve_with`].
 ///
 /// ```no_run
 /// # async fn run() -> std::io::Result<()> {
@@ -259,154 +339,7 @@ where
     S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send,
 {
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
-}
-
-/// Where buckets live.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Store {
-    /// In this process (the default).
-    Embedded,
-    /// Redis at this URL: instances share limits.
-    Redis(String),
-    /// PostgreSQL at this URL: instances share limits.
-    Postgres(String),
-}
-
-/// The command line.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct Args {
-    /// `--addr HOST:PORT` (default 127.0.0.1:8080).
-    pub addr: SocketAddr,
-    /// `--plans FILE` (default: the shipped `plans.toml`).
-    pub plans: Option<String>,
-    /// `--redis URL` / `--postgres URL`.
-    pub store: Store,
-    /// `--key-prefix P`: the storage key prefix (default `bookshelf`).
-    pub key_prefix: String,
-    /// `--max-keys N`: the embedded backend's key cap (default 1,000,000).
-    pub max_keys: usize,
-    /// `--no-limit`: serve without the rate-limit layer (to measure its overhead).
-    pub no_limit: bool,
-    /// `--help`.
-    pub help: bool,
-}
-
-/// A command-line error.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ArgsError(String);
-
-impl fmt::Display for ArgsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl core::error::Error for ArgsError {}
-
-/// The usage text.
-pub const USAGE: &str = "\
-bookshelf: the Bookshelf API, rate-limited by bucket4rs-tower
-
-USAGE: bookshelf [--addr HOST:PORT] [--plans FILE] [--redis URL | --postgres URL]
-                 [--key-prefix P] [--max-keys N] [--no-limit]
-
-  --addr HOST:PORT  listen here (default 127.0.0.1:8080)
-  --plans FILE      plans file (default: the shipped plans.toml)
-  --redis URL       keep buckets in Redis, shared by every instance
-  --postgres URL    keep buckets in PostgreSQL, shared by every instance
-  --key-prefix P    storage key prefix (default bookshelf)
-  --max-keys N      key cap of the in-process store (default 1000000)
-  --no-limit        serve without rate limiting (to measure the layer's overhead)
-";
-
-impl Args {
-    /// Parses the arguments (without the program name). Hand-rolled: eight flags do not
-    /// justify a dependency.
-    ///
-    /// # Errors
-    /// An unknown flag, a missing value, or an invalid address or number.
-    ///
-    /// ```
-    /// use bookshelf::{Args, Store};
-    /// let a = Args::parse(["--redis", "redis://127.0.0.1/"].map(String::from))?;
-    /// assert_eq!(a.store, Store::Redis("redis://127.0.0.1/".into()));
-    /// assert!(Args::parse(["--bogus".to_owned()]).is_err());
-    /// # Ok::<(), bookshelf::ArgsError>(())
-    /// ```
-    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, ArgsError> {
-        let mut out = Self {
-            addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            plans: None,
-            store: Store::Embedded,
-            key_prefix: "bookshelf".into(),
-            max_keys: 1_000_000,
-            no_limit: false,
-            help: false,
-        };
-        let mut it = args.into_iter();
-        while let Some(flag) = it.next() {
-            let (flag, inline) = match flag.split_once('=') {
-                Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
-                _ => (flag, None),
-            };
-            let mut value = |name: &str| {
-                inline
-                    .clone()
-                    .or_else(|| it.next())
-                    .ok_or_else(|| ArgsError(format!("{name} needs a value\n\n{USAGE}")))
-            };
-            match flag.as_str() {
-                "--addr" => {
-                    let v = value("--addr")?;
-                    out.addr = v
-                        .parse()
-                        .map_err(|_| ArgsError(format!("--addr: {v:?} is not HOST:PORT")))?;
-                }
-                "--plans" => out.plans = Some(value("--plans")?),
-                "--redis" => out.store = Store::Redis(value("--redis")?),
-                "--postgres" => out.store = Store::Postgres(value("--postgres")?),
-                "--key-prefix" => out.key_prefix = value("--key-prefix")?,
-                "--max-keys" => {
-                    let v = value("--max-keys")?;
-                    out.max_keys = v
-                        .parse()
-                        .map_err(|_| ArgsError(format!("--max-keys: {v:?} is not a number")))?;
-                }
-                "--no-limit" => out.no_limit = true,
-                "-h" | "--help" => out.help = true,
-                other => return Err(ArgsError(format!("unknown argument {other:?}\n\n{USAGE}"))),
-            }
-        }
-        Ok(out)
-    }
-}
-
-/// Reads the plans: `path`, or the shipped default.
-///
-/// # Errors
-/// The file cannot be read, or a [`PlansError`] (prefixed with the file name).
-///
-/// ```
-/// assert!(bookshelf::load_plans(None).is_ok());
-/// assert!(bookshelf::load_plans(Some("/nonexistent.toml")).is_err());
-/// ```
-pub fn load_plans(path: Option<&str>) -> Result<PlanTable, String> {
-    match path {
-        None => {
-            PlanTable::from_toml(DEFAULT_PLANS).map_err(|e: PlansError| format!("plans.toml: {e}"))
-        }
-        Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}"))?;
-            PlanTable::from_toml(&text).map_err(|e| format!("{p}: {e}"))
-        }
-    }
+    serve_with(listener, app, shutdown, &ServeOptions::default()).await
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

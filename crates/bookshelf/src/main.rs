@@ -2,20 +2,22 @@
 
 use std::convert::Infallible;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use axum::extract::Request;
 use axum::response::Response;
 use tower::Service;
 
-use bookshelf::{Args, Store};
-use bucket4rs_distributed::{
-    PostgresBackend, PostgresOptions, ProxyManager, RedisBackend, RedisOptions,
-};
-use bucket4rs_tower::RateLimitLayer;
+use bookshelf::Args;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Warnings and errors to stderr: a store that cannot be reached, the store's own
+    // errors behind a 500 or 503 (never in the response body).
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -35,46 +37,8 @@ async fn run() -> Result<(), String> {
     if args.no_limit {
         return serve(&args, bookshelf::routes(), "none (--no-limit)").await;
     }
-    match &args.store {
-        Store::Embedded => {
-            let store = RateLimitLayer::builder().max_keys(args.max_keys);
-            let app = bookshelf::app(store, plans).map_err(|e| format!("--max-keys: {e}"))?;
-            serve(&args, app, "in-process").await
-        }
-        Store::Redis(url) => {
-            let backend = RedisBackend::connect(url, RedisOptions::default())
-                .await
-                .map_err(|e| format!("--redis {url}: {e}"))?;
-            let manager = ProxyManager::configure(backend)
-                .key_prefix(&args.key_prefix)
-                .build()
-                .map_err(|e| format!("--key-prefix: {e}"))?;
-            let app = bookshelf::app(RateLimitLayer::builder().backend(manager), plans)
-                .map_err(|e| e.to_string())?;
-            serve(&args, app, &format!("Redis at {url}")).await
-        }
-        Store::Postgres(url) => {
-            let backend = PostgresBackend::connect(url, PostgresOptions::default())
-                .await
-                .map_err(|e| format!("--postgres {url}: {e}"))?;
-            backend
-                .migrate()
-                .await
-                .map_err(|e| format!("--postgres {url}: creating the bucket table: {e}"))?;
-            // Expired rows are invisible at once; the reaper deletes them until the
-            // server stops.
-            let reaper = backend.spawn_reaper(Duration::from_secs(30), 1_000);
-            let manager = ProxyManager::configure(backend)
-                .key_prefix(&args.key_prefix)
-                .build()
-                .map_err(|e| format!("--key-prefix: {e}"))?;
-            let app = bookshelf::app(RateLimitLayer::builder().backend(manager), plans)
-                .map_err(|e| e.to_string())?;
-            let served = serve(&args, app, &format!("PostgreSQL at {url}")).await;
-            drop(reaper);
-            served
-        }
-    }
+    let (app, store) = bookshelf::app_from(&args, plans)?;
+    serve(&args, app, &store).await
 }
 
 /// Binds `--addr`, prints the address and a curl line, and serves until Ctrl-C or SIGTERM.
@@ -92,7 +56,7 @@ where
     println!("  curl -i -H 'X-API-Key: free-demo-key' http://{addr}/books/9781593278281");
     println!("  curl -i -H 'X-API-Key: pro-demo-key' 'http://{addr}/books/search?q=rust'");
     println!("Ctrl-C to stop.");
-    bookshelf::serve(listener, app, bookshelf::shutdown_signal())
+    bookshelf::serve_with(listener, app, bookshelf::shutdown_signal(), &args.serve)
         .await
         .map_err(|e| e.to_string())?;
     println!("Bookshelf API stopped.");

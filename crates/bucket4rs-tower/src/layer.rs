@@ -32,6 +32,46 @@ pub(crate) struct Shared {
     pub(crate) missing_key: StatusCode,
     pub(crate) unknown_key: StatusCode,
     pub(crate) remaining_header: bool,
+    /// At most one log event per second for a failing store (see [`LogGate`]).
+    pub(crate) log_gate: LogGate,
+}
+
+/// Lets one event through per second and counts the ones it holds back, so a store that
+/// fails under a flood of requests logs a line a second, not a line a request.
+#[derive(Debug, Default)]
+pub(crate) struct LogGate {
+    /// The second (of a monotonic clock) of the last event let through, plus one; 0: none.
+    last: std::sync::atomic::AtomicU64,
+    held: std::sync::atomic::AtomicU64,
+}
+
+impl LogGate {
+    /// `Some(n)`: log now, and say `n` events were held back since the last one.
+    pub(crate) fn admit(&self) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = monotonic_secs().saturating_add(1);
+        let last = self.last.load(Relaxed);
+        if last != now
+            && self
+                .last
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            Some(self.held.swap(0, Relaxed))
+        } else {
+            self.held.fetch_add(1, Relaxed);
+            None
+        }
+    }
+}
+
+/// Whole seconds since the first call in this process.
+fn monotonic_secs() -> u64 {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    ORIGIN
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs()
 }
 
 /// Where the builder puts the buckets.
@@ -271,6 +311,7 @@ impl RateLimitLayerBuilder {
                 missing_key: self.missing_key,
                 unknown_key: self.unknown_key,
                 remaining_header: self.remaining_header,
+                log_gate: LogGate::default(),
             }),
         })
     }

@@ -108,16 +108,36 @@ pub(crate) fn cost_exceeds_capacity<ResBody: From<Bytes>>(
     .into_response()
 }
 
+/// Why a request got a 503: what the body says, in the client's terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unavailable {
+    /// The store failed or did not answer in time.
+    Store,
+    /// The in-process store is full of clients it cannot forget.
+    Full,
+    /// The key's bucket changed configuration twice during the request.
+    Busy,
+}
+
+impl Unavailable {
+    fn detail(self) -> &'static str {
+        match self {
+            Self::Store => "the rate-limit store is unavailable; try again shortly",
+            Self::Full => {
+                "the rate-limit store cannot take new clients right now; try again shortly"
+            }
+            Self::Busy => "the rate limiter cannot decide right now; try again shortly",
+        }
+    }
+}
+
 /// The answer when the store cannot decide and the failure policy says so (503). The body
 /// says what happened; the store's own error goes to the logs, not to the client.
 #[cold]
 #[inline(never)]
-pub(crate) fn unavailable<ResBody: From<Bytes>>() -> Response<ResBody> {
-    let mut r = Problem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "the rate limiter cannot decide right now; try again shortly",
-    )
-    .into_response::<ResBody>();
+pub(crate) fn unavailable<ResBody: From<Bytes>>(why: Unavailable) -> Response<ResBody> {
+    let mut r =
+        Problem::new(StatusCode::SERVICE_UNAVAILABLE, why.detail()).into_response::<ResBody>();
     r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(1u32));
     r
 }
@@ -135,16 +155,27 @@ pub(crate) fn denied_on_failure<ResBody: From<Bytes>>() -> Response<ResBody> {
     )
 }
 
+/// What a 500 of a failed store says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Failed {
+    /// The stored record is not one this server can read (corrupt, another format, edited).
+    Unreadable,
+    /// Anything else the store reported.
+    Other,
+}
+
 /// The answer when the store failed in a way no retry mends (500): a corrupt stored record,
 /// for instance. Details go to the logs.
 #[cold]
 #[inline(never)]
-pub(crate) fn internal_error<ResBody: From<Bytes>>() -> Response<ResBody> {
-    Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "the rate limiter failed; the request was not served",
-    )
-    .into_response()
+pub(crate) fn internal_error<ResBody: From<Bytes>>(what: Failed) -> Response<ResBody> {
+    let detail = match what {
+        Failed::Unreadable => {
+            "the rate-limit store answered with a record it cannot read; the request was not served"
+        }
+        Failed::Other => "the rate limiter failed; the request was not served",
+    };
+    Problem::new(StatusCode::INTERNAL_SERVER_ERROR, detail).into_response()
 }
 
 /// The answer to a request without a usable client key, or with a key no plan knows.

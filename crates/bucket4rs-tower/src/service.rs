@@ -5,7 +5,7 @@ use core::fmt;
 use core::task::{Context, Poll};
 use std::sync::Arc;
 
-use bucket4rs_distributed::{Decision, DistributedError};
+use bucket4rs_distributed::{BackendErrorKind, Decision, DistributedError};
 use bucket4rs_local::KeyedError;
 use bytes::Bytes;
 use http::{Request, Response};
@@ -15,7 +15,7 @@ use crate::future::ResponseFuture;
 use crate::key::RequestInfo;
 use crate::layer::Shared;
 use crate::plan::Plan;
-use crate::response::{self, Verdict};
+use crate::response::{self, Failed, Unavailable, Verdict};
 use crate::store::{
     BoxFuture, Decided, LocalStore, PLAN_CHANGE, Plans, Remote, Store, Take, Taken, same,
 };
@@ -207,7 +207,7 @@ fn local_otherwise<ResBody: From<Bytes>>(
                 }
                 // Changed again meanwhile, by another request: it decided; this one is told
                 // to come back.
-                Ok(Taken::Stale) => Verdict::Answer(response::unavailable()),
+                Ok(Taken::Stale) => Verdict::Answer(response::unavailable(Unavailable::Busy)),
                 Err(e) => local_error(shared, key, cost, e),
             }
         }
@@ -231,23 +231,54 @@ fn local_error<ResBody: From<Bytes>>(
             ));
             on_failure(shared, key, cost, e)
         }
-        _ => Verdict::Answer(response::internal_error()),
+        e => failed(shared, &e, Failed::Other),
     }
 }
 
-/// What the failure policy makes of a store that cannot decide.
+/// A store error no retry mends: the detail to the logs (the key stays out of them: it may
+/// be a credential), a 500 that says what happened in the client's terms.
+#[cold]
+#[inline(never)]
+fn failed<ResBody: From<Bytes>>(
+    shared: &Shared,
+    e: &dyn std::error::Error,
+    what: Failed,
+) -> Verdict<Response<ResBody>> {
+    if let Some(held) = shared.log_gate.admit() {
+        tracing::error!(error = %e, similar_before = held, "rate-limit store failed; answered 500");
+    }
+    Verdict::Answer(response::internal_error(what))
+}
+
+/// What the failure policy makes of a store that cannot decide. The store's error goes to
+/// the logs (without the key, which may be a credential), never into the answer.
+#[cold]
+#[inline(never)]
 fn on_failure<ResBody: From<Bytes>>(
     shared: &Shared,
     key: &str,
     cost: u64,
     e: DistributedError,
 ) -> Verdict<Response<ResBody>> {
+    let why = match &e {
+        DistributedError::Backend(b) if b.kind() == BackendErrorKind::CapacityExhausted => {
+            Unavailable::Full
+        }
+        _ => Unavailable::Store,
+    };
+    if let Some(held) = shared.log_gate.admit() {
+        tracing::warn!(
+            error = %e,
+            similar_before = held,
+            "rate-limit store cannot decide; the failure policy answers"
+        );
+    }
     match shared.failure.on_failure(key.as_bytes(), cost, e) {
         Ok(d) if d.is_allowed() => Verdict::Allow(None),
         Ok(Decision::DeniedOnFailure | Decision::Fallback(false)) => {
             Verdict::Answer(response::denied_on_failure())
         }
-        Ok(_) | Err(_) => Verdict::Answer(response::unavailable()),
+        Ok(_) | Err(_) => Verdict::Answer(response::unavailable(why)),
     }
 }
 
@@ -305,7 +336,8 @@ fn decide_remote<ResBody: From<Bytes> + Send + 'static>(
                 shared.missing_key,
                 "the client key is too long",
             )),
-            Err(_) => Verdict::Answer(response::internal_error()),
+            Err(e @ DistributedError::Format(_)) => failed(&shared, &e, Failed::Unreadable),
+            Err(e) => failed(&shared, &e, Failed::Other),
         }
     }))
 }

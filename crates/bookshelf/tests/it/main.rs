@@ -1,5 +1,7 @@
 //! End-to-end tests: the Bookshelf server on a loopback port, a real HTTP client.
 
+mod faults;
+
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -403,6 +405,108 @@ async fn shares_one_limit(a: Server, b: Server) {
     b.stop().await;
 }
 
+/// The binary, killed on drop (also when the test panics).
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_the_binary_serves_while_redis_is_down_at_start() {
+    use std::io::BufRead as _;
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (redis, port) = (format!("redis://127.0.0.1:{}/", free()), free());
+    let addr = format!("127.0.0.1:{port}");
+    let started = std::time::Instant::now();
+    let mut child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_bookshelf"))
+            .args(["--redis", &redis, "--addr", &addr, "--header-timeout", "1s"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    // The whole banner is read, and the pipe kept open: the server's prints must not fail.
+    let banner = tokio::task::spawn_blocking(move || {
+        let mut out = std::io::BufReader::new(stdout);
+        let mut banner = String::new();
+        while !banner.contains("Ctrl-C") {
+            if out.read_line(&mut banner).unwrap() == 0 {
+                break;
+            }
+        }
+        (banner, out)
+    });
+    let (banner, _stdout) = tokio::time::timeout(Duration::from_secs(10), banner)
+        .await
+        .expect("the banner within 10 s")
+        .unwrap();
+    assert!(banner.contains("listening"), "{banner}");
+    let serving = started.elapsed();
+    assert!(child.0.try_wait().unwrap().is_none(), "the server exited");
+    let client = reqwest::Client::new();
+    let health = client
+        .get(format!("http://{addr}/health"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    let r = get(
+        &client,
+        &format!("http://{addr}/books/9781593278281"),
+        Some("free-demo-key"),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("the rate-limit store is unavailable"),
+        "{body}"
+    );
+    assert!(
+        !body.contains("refused") && !body.contains("127.0.0.1"),
+        "{body}"
+    );
+    // The flag reaches the server: a half-sent request is closed after about 1 s.
+    let mut half = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut half, b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let t = std::time::Instant::now();
+    let mut buf = [0u8; 512];
+    loop {
+        let n = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::io::AsyncReadExt::read(&mut half, &mut buf),
+        )
+        .await
+        .expect("closed within 5 s (--header-timeout 1s)");
+        if n.map_or(true, |n| n == 0) {
+            break;
+        }
+    }
+    let closed = t.elapsed();
+    assert!(closed < Duration::from_secs(3), "{closed:?}");
+    println!(
+        "fault: binary with Redis down at start: serving {} ms after launch, /health 200, a \
+         lookup 503 without backend text; a half-sent request closed after {:.2} s \
+         (--header-timeout 1s)",
+        serving.as_millis(),
+        closed.as_secs_f64()
+    );
+}
+
 #[test]
 fn the_binary_explains_its_errors() {
     let bin = env!("CARGO_BIN_EXE_bookshelf");
@@ -412,9 +516,21 @@ fn the_binary_explains_its_errors() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("--redis URL"));
 
-    let out = run(&["--redis", "redis://127.0.0.1:1/"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--redis redis://127.0.0.1:1/"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("appendfsync always"));
+
+    // Knobs that can only break are refused at start, the flag named.
+    for (flag, value) in [
+        ("--max-keys", "0"),
+        ("--backend-timeout", "0s"),
+        ("--header-timeout", "0ms"),
+        ("--connections", "0"),
+        ("--max-connections", "0"),
+    ] {
+        let out = run(&[flag, value]);
+        assert!(!out.status.success(), "{flag} {value}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+    }
 
     let dir = std::env::temp_dir().join(format!("bookshelf-it-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

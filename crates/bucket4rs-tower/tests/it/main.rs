@@ -643,11 +643,13 @@ async fn a_backend_that_answers_later_gets_the_same_answers() {
     }
 }
 
-const UNAVAILABLE_DETAIL: &str = "the rate limiter cannot decide right now; try again shortly";
+const UNAVAILABLE_DETAIL: &str = "the rate-limit store is unavailable; try again shortly";
+const FULL_DETAIL: &str =
+    "the rate-limit store cannot take new clients right now; try again shortly";
 
 /// The answer of a store that cannot decide under `FailurePolicy::error`: 503, a generic
 /// body (nothing of the store's own error), Retry-After 1, no rate-limit headers.
-fn assert_unavailable(r: &Resp, what: &str) {
+fn assert_unavailable(r: &Resp, what: &str, detail: &str) {
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE, "{what}");
     assert_eq!(
         r.headers()["content-type"],
@@ -658,7 +660,7 @@ fn assert_unavailable(r: &Resp, what: &str) {
     assert!(r.headers().get("ratelimit").is_none(), "{what}");
     let body = body_json(r);
     assert_eq!(body["status"], 503, "{what}");
-    assert_eq!(body["detail"], UNAVAILABLE_DETAIL, "{what}");
+    assert_eq!(body["detail"], detail, "{what}");
     let text = String::from_utf8_lossy(r.body()).into_owned();
     for leak in ["refused", "maximum", "keys", "capacity"] {
         assert!(
@@ -690,7 +692,7 @@ async fn backend_failures_follow_the_failure_policy_never_a_silent_allow() {
             .layer(hello())
     };
     let r = call(&layer(FailurePolicy::error()), req(Some("k"), "/")).await;
-    assert_unavailable(&r, "down, error policy");
+    assert_unavailable(&r, "down, error policy", UNAVAILABLE_DETAIL);
 
     let r = call(&layer(FailurePolicy::deny()), req(Some("k"), "/")).await;
     assert_denied_on_failure(&r, "down, deny policy");
@@ -750,7 +752,7 @@ async fn a_full_store_follows_the_failure_policy() {
             for i in 0..3 {
                 let r = call(&svc, req(Some("b"), "/")).await;
                 match (name, i) {
-                    ("error", _) => assert_unavailable(&r, &what),
+                    ("error", _) => assert_unavailable(&r, &what, FULL_DETAIL),
                     ("deny", _) | ("fallback", 2) => assert_denied_on_failure(&r, &what),
                     _ => {
                         assert_eq!(r.status(), StatusCode::OK, "{what}: the fallback limit");
@@ -1312,4 +1314,225 @@ async fn fixed_plans_of_equal_limits_keep_their_names() {
     let r = call(&svc, req(Some("t"), "/")).await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(body_json(&r)["plan"], "trial");
+}
+
+/// Events seen by a tracing subscriber: each event's fields, formatted.
+#[derive(Clone, Default)]
+struct Seen(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Seen {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{}={:?} ", field.name(), value));
+            }
+        }
+        let mut fields = Fields(format!("{} ", event.metadata().level()));
+        event.record(&mut fields);
+        self.0.lock().unwrap().push(fields.0);
+    }
+}
+
+/// A backend that fails with what real drivers say: nothing of it may reach a client.
+#[derive(Debug)]
+struct Internals(BackendErrorKind, &'static str);
+
+#[async_trait]
+impl Backend for Internals {
+    async fn transact(&self, _: &StorageKey, _: &mut dyn Transaction) -> Result<(), BackendError> {
+        Err(BackendError::new(self.0, self.1))
+    }
+    async fn read(&self, _: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+        Err(BackendError::new(self.0, self.1))
+    }
+    async fn remove(&self, _: &StorageKey) -> Result<bool, BackendError> {
+        Err(BackendError::new(self.0, self.1))
+    }
+}
+
+/// A backend whose stored record is corrupt: its transaction reads garbage.
+#[derive(Debug)]
+struct Corrupt;
+
+#[async_trait]
+impl Backend for Corrupt {
+    async fn transact(&self, _: &StorageKey, tx: &mut dyn Transaction) -> Result<(), BackendError> {
+        let _ = tx.apply(
+            Some(b"\x01garbage that is no record CapacityExhausted"),
+            None,
+        );
+        Ok(())
+    }
+    async fn read(&self, _: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+        Ok(Some(b"garbage".to_vec()))
+    }
+    async fn remove(&self, _: &StorageKey) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+}
+
+/// What no response body may carry: the drivers' and the store's own words.
+const INTERNALS: [&str; 8] = [
+    "broken pipe",
+    "NOSCRIPT",
+    "e0e1f9fabfc9d4800c877a703b823ac0578ff831",
+    "CapacityExhausted",
+    "relation",
+    "SELECT",
+    "garbage",
+    "backend error",
+];
+
+#[tokio::test]
+async fn fault_5xx_bodies_say_what_happened_and_the_detail_goes_to_tracing() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let seen = Seen::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(seen.clone()));
+    let failing = [
+        (
+            Internals(BackendErrorKind::Unavailable, "broken pipe (os error 32)"),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the rate-limit store is unavailable; try again shortly",
+        ),
+        (
+            Internals(
+                BackendErrorKind::Protocol,
+                "NOSCRIPT No matching script e0e1f9fabfc9d4800c877a703b823ac0578ff831",
+            ),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the rate-limit store is unavailable; try again shortly",
+        ),
+        (
+            Internals(
+                BackendErrorKind::Other,
+                "ERROR: relation \"bucket4rs_buckets\" does not exist (SELECT record FROM ...)",
+            ),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the rate-limit store is unavailable; try again shortly",
+        ),
+        (
+            Internals(
+                BackendErrorKind::CapacityExhausted,
+                "CapacityExhausted: 10 keys",
+            ),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the rate-limit store cannot take new clients right now; try again shortly",
+        ),
+    ];
+    let mut bodies = Vec::new();
+    for (backend, status, detail) in failing {
+        let said = backend.1;
+        let svc = RateLimitLayer::builder()
+            .backend(ProxyManager::new(backend))
+            .plans(free_plan())
+            .build()
+            .unwrap()
+            .layer(hello());
+        let before = seen.0.lock().unwrap().len();
+        let r = call(&svc, req(Some("secret-api-key"), "/")).await;
+        assert_eq!(r.status(), status, "{said}");
+        assert_eq!(body_json(&r)["detail"], detail, "{said}");
+        bodies.push(String::from_utf8_lossy(r.body()).into_owned());
+        let logged = seen.0.lock().unwrap()[before..].join("\n");
+        assert!(logged.contains(said), "the detail is logged: {logged}");
+        assert!(logged.starts_with("WARN"), "{logged}");
+        assert!(
+            !logged.contains("secret-api-key"),
+            "the key is not logged: {logged}"
+        );
+        // A flood on a failing store logs a line a second, not a line a request.
+        let before = seen.0.lock().unwrap().len();
+        for _ in 0..200 {
+            assert_eq!(call(&svc, req(Some("k"), "/")).await.status(), status);
+        }
+        let flood = seen.0.lock().unwrap().len() - before;
+        assert!(
+            flood <= 2,
+            "{flood} events for 200 failed requests within a second or so"
+        );
+    }
+    let svc = RateLimitLayer::builder()
+        .backend(ProxyManager::new(Corrupt))
+        .plans(free_plan())
+        .build()
+        .unwrap()
+        .layer(hello());
+    let before = seen.0.lock().unwrap().len();
+    let r = call(&svc, req(Some("secret-api-key"), "/")).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        body_json(&r)["detail"],
+        "the rate-limit store answered with a record it cannot read; the request was not served"
+    );
+    bodies.push(String::from_utf8_lossy(r.body()).into_owned());
+    let logged = seen.0.lock().unwrap()[before..].join("\n");
+    assert!(
+        logged.starts_with("ERROR"),
+        "the corrupt record is logged: {logged}"
+    );
+    for body in &bodies {
+        for internal in INTERNALS {
+            assert!(!body.contains(internal), "{internal:?} in {body}");
+        }
+    }
+    println!(
+        "fault: 5xx bodies: {} failing stores answered without a word of their errors; {} events logged",
+        bodies.len(),
+        seen.0.lock().unwrap().len()
+    );
+}
+
+/// Hostile keys get the missing-key answer (a problem body, 401 by default) and touch no
+/// bucket, on both stores; a key at the length limit is served.
+#[tokio::test]
+async fn hostile_keys_get_a_clear_4xx_and_change_no_state() {
+    for store in stores(10_000) {
+        let kind = store.kind;
+        let layer = store.builder().plans(free_plan()).build().unwrap();
+        let svc = layer.clone().layer(hello());
+        let longest = "k".repeat(256);
+        let r = call(&svc, req(Some(&longest), "/")).await;
+        assert_eq!(r.status(), StatusCode::OK, "{kind:?}: 256 bytes is allowed");
+        assert_eq!(store.keys(&layer), 1, "{kind:?}");
+        let hostile: [&[u8]; 9] = [
+            &[b'k'; 257],
+            &[b'k'; 65_536],
+            b"",
+            b"   ",
+            b"\t \t",
+            b"caf\xc3\xa9",
+            b"\xff\xfe",
+            b"key\x80",
+            b"\xc3\x28 invalid utf-8",
+        ];
+        for bytes in hostile {
+            let mut r = req(None, "/");
+            r.headers_mut()
+                .insert("x-api-key", HeaderValue::from_bytes(bytes).unwrap());
+            let r = call(&svc, r).await;
+            let shown = String::from_utf8_lossy(&bytes[..bytes.len().min(16)]).into_owned();
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{kind:?}: {shown:?}");
+            assert_eq!(r.headers()["content-type"], "application/problem+json");
+            assert_eq!(
+                body_json(&r)["detail"],
+                "the request carries no usable client key",
+                "{kind:?}: {shown:?}"
+            );
+            assert!(r.headers().get("ratelimit").is_none(), "{kind:?}");
+        }
+        assert_eq!(
+            store.keys(&layer),
+            1,
+            "{kind:?}: no bucket for a hostile key"
+        );
+        // The served key's bucket is as one request left it.
+        let r = call(&svc, req(Some(&longest), "/")).await;
+        assert_eq!(
+            r.headers()["ratelimit"],
+            r#""burst";r=18;t=0, "daily";r=998;t=0"#,
+            "{kind:?}"
+        );
+    }
 }
