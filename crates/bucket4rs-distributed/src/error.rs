@@ -353,34 +353,6 @@ impl DistributedError {
     pub fn is_unavailable(&self) -> bool {
         matches!(self, Self::Timeout { .. } | Self::Backend(_))
     }
-
-    /// A short, fixed description of what went wrong, free of backend internals (no driver
-    /// message, script hash, key or stored bytes): what a service may show its clients,
-    /// e.g. as the body of a 5xx answer, while the full error (its `Display` and
-    /// [`source`](StdError::source)) goes to the logs.
-    ///
-    /// ```
-    /// # use bucket4rs_distributed::{BackendError, BackendErrorKind, DistributedError};
-    /// let e = DistributedError::Backend(BackendError::new(BackendErrorKind::Unavailable, "broken pipe"));
-    /// assert_eq!(e.summary(), "the rate-limit store is unavailable");
-    /// assert!(!e.summary().contains("pipe"));
-    /// ```
-    pub fn summary(&self) -> &'static str {
-        match self {
-            Self::Operation(_) => "the request is invalid for this rate limit",
-            Self::Config(_) => "the rate-limit configuration is invalid",
-            Self::Key(_) => "the rate-limit key cannot be stored",
-            Self::Format(_) => "the stored rate-limit state is unreadable",
-            Self::Timeout { .. } => "the rate-limit store did not answer in time",
-            Self::Backend(b) => match b.kind() {
-                BackendErrorKind::Unavailable => "the rate-limit store is unavailable",
-                BackendErrorKind::Timeout => "the rate-limit store did not answer in time",
-                BackendErrorKind::CapacityExhausted => "the rate-limit store is full",
-                _ => "the rate-limit store failed",
-            },
-            Self::Blocking(_) | Self::InvalidSetting { .. } => "the rate limiter is misconfigured",
-        }
-    }
 }
 
 impl fmt::Display for DistributedError {

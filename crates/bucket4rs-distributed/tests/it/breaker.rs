@@ -171,7 +171,6 @@ fn fault_breaker_opens_after_consecutive_unavailable_calls_and_fails_fast() {
         for _ in 0..20 {
             let (e, took) = failing(&b).await;
             assert!(e.is_unavailable(), "{e}");
-            assert_eq!(e.summary(), "the rate-limit store is unavailable");
             // A refused call does not wait for the backend (50 ms): slack for a loaded machine.
             assert!(took < FAST, "{took:?}");
             after.push(took);
