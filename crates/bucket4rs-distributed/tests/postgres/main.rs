@@ -8,6 +8,7 @@
 #[path = "../it/common.rs"]
 #[allow(dead_code)] // shared with the `it` binary, which uses more of it
 mod common;
+mod exhaustion;
 mod fault;
 mod own;
 
