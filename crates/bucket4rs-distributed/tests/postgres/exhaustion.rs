@@ -63,7 +63,7 @@ fn fault_postgres_connection_slots_exhausted_fail_typed_and_charge_nothing() {
         let table = "slots";
         let options = PostgresOptions::default().max_connections(2);
         let (backend, raw) = own_backend(&server, table, options.clone()).await;
-        let timeout = Duration::from_millis(500);
+        let timeout = Duration::from_millis(1_000);
         let manager = ProxyManager::configure(backend.clone())
             .timeout(timeout)
             .build()
