@@ -131,7 +131,8 @@ impl PostgresBackend {
     ///
     /// # Errors
     /// [`BackendErrorKind::Other`] for a malformed URL, [`BackendErrorKind::Unavailable`] /
-    /// [`BackendErrorKind::Timeout`] when the server cannot be reached in time.
+    /// [`BackendErrorKind::Timeout`] when the server cannot be reached in time or takes no
+    /// more connections (every slot in use: `53300`).
     ///
     /// ```no_run
     /// # use bucket4rs_distributed::{PostgresBackend, PostgresOptions};

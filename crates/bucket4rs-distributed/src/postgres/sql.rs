@@ -249,10 +249,16 @@ pub(super) fn map_pg(e: tokio_postgres::Error) -> BackendError {
         Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::QUERY_CANCELED => {
             (BackendErrorKind::Timeout, true)
         }
+        // Also a server that takes no more connections (every slot used: `53300`, which the
+        // pool makes retryable: nothing was sent) and one that refuses writes (`25006`: a
+        // hot standby, `default_transaction_read_only`; the statement rolled back, but a
+        // retry within the call would meet the same refusal).
         Some(c)
             if *c == SqlState::ADMIN_SHUTDOWN
                 || *c == SqlState::CRASH_SHUTDOWN
                 || *c == SqlState::CANNOT_CONNECT_NOW
+                || *c == SqlState::TOO_MANY_CONNECTIONS
+                || *c == SqlState::READ_ONLY_SQL_TRANSACTION
                 || c.code().starts_with("08") =>
         {
             (BackendErrorKind::Unavailable, false)

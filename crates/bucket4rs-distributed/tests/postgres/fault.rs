@@ -15,7 +15,7 @@ use crate::common::simple;
 use crate::own::OwnPostgres;
 
 /// A started cluster of our own, a connected backend on `table` (migrated), and a raw client.
-async fn own_backend(
+pub(super) async fn own_backend(
     server: &OwnPostgres,
     table: &str,
     options: PostgresOptions,
@@ -34,14 +34,14 @@ async fn own_backend(
     (backend, raw_at(&server.url()).await)
 }
 
-fn started() -> OwnPostgres {
+pub(super) fn started() -> OwnPostgres {
     let server = OwnPostgres::init();
     server.start();
     server
 }
 
 /// The stored row of `key`: state, version, expiry (µs since the epoch, `None`: never).
-async fn row(
+pub(super) async fn row(
     raw: &tokio_postgres::Client,
     table: &str,
     key: &str,
@@ -79,7 +79,7 @@ async fn put_row(
     assert_eq!(n, 1);
 }
 
-fn tokens(bytes: &[u8]) -> i64 {
+pub(super) fn tokens(bytes: &[u8]) -> i64 {
     format::decode(bytes).unwrap().state.bandwidths()[0].tokens()
 }
 

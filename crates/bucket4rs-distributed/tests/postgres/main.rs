@@ -1,13 +1,14 @@
 //! The PostgreSQL backend against a real PostgreSQL (`BUCKET4RS_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`). An unreachable PostgreSQL fails these tests
 //! loudly. Every test uses its own table and drops it at the end; the restart test and the
-//! fault tests (`fault.rs`) run throwaway servers of their own (`own.rs`) and never touch the
-//! shared one.
+//! fault tests (`fault.rs`, `exhaustion.rs`) run throwaway servers of their own (`own.rs`)
+//! and never touch the shared one.
 #![cfg(feature = "postgres")]
 
 #[path = "../it/common.rs"]
 #[allow(dead_code)] // shared with the `it` binary, which uses more of it
 mod common;
+mod exhaustion;
 mod fault;
 mod own;
 

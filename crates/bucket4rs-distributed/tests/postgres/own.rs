@@ -61,6 +61,11 @@ impl OwnPostgres {
     }
 
     pub(crate) fn start(&self) {
+        self.start_with("");
+    }
+
+    /// Starts the cluster with `extra` server options (`-c name=value …`) added.
+    pub(crate) fn start_with(&self, extra: &str) {
         let out = self
             .as_postgres("pg_ctl")
             .arg("-D")
@@ -69,7 +74,7 @@ impl OwnPostgres {
             .arg(self.dir.join("log"))
             .args(["-w", "-o"])
             .arg(format!(
-                "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off",
+                "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off {extra}",
                 self.port,
                 self.dir.display()
             ))
