@@ -80,9 +80,19 @@ impl Drop for Table {
 
 async fn backend_with(table: &str, options: PostgresOptions, url: &str) -> PostgresBackend {
     let options = options.table(table).expect("valid table name");
-    let backend = PostgresBackend::connect(url, options)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {url} is required for these tests: {e}"));
+    // The setup, not what a test measures: a loaded machine (throwaway clusters starting
+    // beside the shared server) can take longer than the connect timeout to answer, so a
+    // few attempts within 10 s before the server counts as unreachable.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let backend = loop {
+        match PostgresBackend::connect(url, options.clone()).await {
+            Ok(b) => break b,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("PostgreSQL at {url} is required for these tests: {e}"),
+        }
+    };
     backend.migrate().await.expect("migrate");
     backend
 }
