@@ -58,6 +58,8 @@ mod postgres;
 mod record;
 #[cfg(feature = "redis")]
 mod redis_backend;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod skew;
 
 pub use backend::{Backend, BackendClock, Command, Transaction, Write};
 pub use embedded::EmbeddedBackend;

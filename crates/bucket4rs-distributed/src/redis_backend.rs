@@ -14,7 +14,8 @@ use crate::error::{BackendError, BackendErrorKind};
 use crate::key::StorageKey;
 
 mod conn;
-use conn::{Pool, host_micros};
+use crate::skew::host_micros;
+use conn::Pool;
 
 const OP_SCRIPT: &str = include_str!("lua/op.lua");
 const CAS_SCRIPT: &str = include_str!("lua/cas.lua");

@@ -21,9 +21,11 @@
 //! - Every write carries the caller's deadline ([`Transaction::deadline`]) converted to the
 //!   database clock, and writes nothing when `clock_timestamp()` has passed it (a statement
 //!   that sat in a frozen server's socket, say): the call then fails with a timeout and has
-//!   changed nothing. The conversion errs early: the offset between the clocks is measured
-//!   on every reply (the reading lags by the reply's transit) and a reply margin (twice the
-//!   last round trip, at least 1 ms) is subtracted for the write's own commit and reply.
+//!   changed nothing. The conversion errs early: the offset between the clocks is the
+//!   tightest bound of the last 10 s, measured on every reply (a reading lags by its reply's
+//!   transit, so a slow reply gives a looser bound, which is ignored: `crate::skew`), and a
+//!   reply margin (twice the last round trip, at least 1 ms, at most half the time left) is
+//!   subtracted for the write's own commit and reply.
 
 mod options;
 mod sql;
@@ -43,6 +45,7 @@ use tokio_postgres::NoTls;
 use crate::backend::{Backend, BackendClock, Transaction, Write};
 use crate::error::{BackendError, BackendErrorKind};
 use crate::key::StorageKey;
+use crate::skew::{ClockOffset, host_micros};
 
 pub use options::{InvalidTableName, PostgresOptions};
 pub use sql::PostgresStats;
@@ -108,8 +111,8 @@ struct Inner {
     options: PostgresOptions,
     sql: Sql,
     slots: DashMap<StorageKey, Slot>,
-    /// `clock_timestamp()` minus the client's wall clock, in ns (last measurement).
-    offset: AtomicI64,
+    /// `clock_timestamp()` against the client's wall clock: the tightest recent bound.
+    offset: ClockOffset,
     /// The last statement's round trip, in ns.
     rtt: AtomicI64,
     counters: Counters,
@@ -177,7 +180,7 @@ impl PostgresBackend {
                 options,
                 sql,
                 slots: DashMap::new(),
-                offset: AtomicI64::new(0),
+                offset: ClockOffset::new(),
                 rtt: AtomicI64::new(0),
                 counters: Counters::default(),
             }),
@@ -344,16 +347,13 @@ impl PostgresBackend {
     }
 
     fn observe_clock(&self, clock_us: i64) {
-        let db = clock_us.saturating_mul(1_000);
-        self.inner
-            .offset
-            .store(db.saturating_sub(wall_nanos()), Ordering::Relaxed);
+        self.inner.offset.observe(clock_us, host_micros());
     }
 
-    /// An estimate of `clock_timestamp()` in ns, slightly behind it (the last reading was
-    /// taken before its reply arrived).
+    /// An estimate of `clock_timestamp()` in ns, slightly behind it (the reading the estimate
+    /// comes from was taken before its reply arrived).
     fn estimate_db_now(&self) -> i64 {
-        wall_nanos().saturating_add(self.inner.offset.load(Ordering::Relaxed))
+        self.inner.offset.server_now_us().saturating_mul(1_000)
     }
 
     fn observe_rtt(&self, since: Instant) {
@@ -367,20 +367,22 @@ impl PostgresBackend {
     /// 1 ms, at most half the time left (the write's commit and reply must arrive before the
     /// caller gives up). A statement that runs later writes nothing.
     fn db_deadline_us(&self, deadline: Option<Instant>) -> Option<i64> {
-        let left = deadline?.saturating_duration_since(Instant::now());
+        let deadline = deadline?;
+        let left = deadline.saturating_duration_since(Instant::now());
         let left = i64::try_from(left.as_nanos()).unwrap_or(i64::MAX);
-        let rtt = self
+        let margin = self
             .inner
             .rtt
             .load(Ordering::Relaxed)
             .saturating_mul(2)
             .max(1_000_000)
             .min(left / 2);
-        let at = self
-            .estimate_db_now()
-            .saturating_add(left)
-            .saturating_sub(rtt);
-        Some(at.div_euclid(1_000))
+        Some(
+            self.inner
+                .offset
+                .on_server(deadline)
+                .saturating_sub(margin.div_euclid(1_000)),
+        )
     }
 
     /// The locking fallback of [`Backend::transact`]: `BEGIN` + `SELECT … FOR UPDATE`

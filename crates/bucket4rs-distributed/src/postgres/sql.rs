@@ -442,13 +442,6 @@ pub(super) fn ttl_micros(ttl: Option<Duration>) -> Option<i64> {
     }
 }
 
-pub(super) fn wall_nanos() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

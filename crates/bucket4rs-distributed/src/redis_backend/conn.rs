@@ -6,22 +6,20 @@
 //! connection that cannot be made (refused, or not within the connect timeout or the call's
 //! deadline) is a prompt, retryable error: nothing was sent.
 //!
-//! The clock estimate turns a caller's deadline (an [`Instant`] of this host) into a reading of
-//! the server's `TIME`, for the scripts to refuse a command that runs after it.
+//! The clock estimate (`crate::skew`) turns a caller's deadline (an [`Instant`] of this host)
+//! into a reading of the server's `TIME`, for the scripts to refuse a command that runs after
+//! it.
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use core::time::Duration;
-use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Instant;
 
 use redis::aio::MultiplexedConnection;
 
 use super::map_err;
 use crate::error::{BackendError, BackendErrorKind};
-
-/// How long the best (largest) offset observation is kept before a newer one replaces it, so
-/// that a step of either clock is followed within this time.
-const SKEW_WINDOW: Duration = Duration::from_secs(10);
+use crate::skew::{ClockOffset, host_micros};
 
 /// A connection and whether its driver has ended.
 #[derive(Clone)]
@@ -46,53 +44,13 @@ impl Drop for Ended {
     }
 }
 
-/// A lower bound of (server clock − host wall clock), in microseconds.
-struct Skew {
-    best: i64,
-    since: Instant,
-}
-
-impl Skew {
-    /// A reply's bound: the server's `TIME` (seconds, microseconds) minus the host's
-    /// wall-clock time when the reply arrived (the server read its clock before that).
-    fn bound(seconds: i64, micros: i64, arrived: i64) -> i64 {
-        seconds
-            .saturating_mul(1_000_000)
-            .saturating_add(micros)
-            .saturating_sub(arrived)
-    }
-
-    /// Keeps the largest bound seen (the tightest), replaced by the next one once it is
-    /// older than [`SKEW_WINDOW`] so a clock step is followed.
-    fn observe(&mut self, seen: i64, at: Instant) {
-        if seen > self.best || at.saturating_duration_since(self.since) > SKEW_WINDOW {
-            self.best = seen;
-            self.since = at;
-        }
-    }
-
-    /// A deadline `left` from `host_now` (host wall-clock microseconds) on the server's clock.
-    fn on_server(&self, host_now: i64, left: Duration) -> i64 {
-        let left = i64::try_from(left.as_micros()).unwrap_or(i64::MAX);
-        host_now.saturating_add(left).saturating_add(self.best)
-    }
-}
-
 pub(super) struct Pool {
     client: redis::Client,
     slots: Box<[tokio::sync::Mutex<Option<Live>>]>,
     next: AtomicUsize,
     connect_timeout: Duration,
     response_timeout: Duration,
-    skew: Mutex<Skew>,
-}
-
-/// Microseconds since the Unix epoch on this host's wall clock.
-pub(super) fn host_micros() -> i64 {
-    match SystemTime::now().duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
-        Err(e) => -i64::try_from(e.duration().as_micros()).unwrap_or(i64::MAX),
-    }
+    skew: ClockOffset,
 }
 
 fn unavailable_within(until: Instant) -> BackendError {
@@ -121,10 +79,7 @@ impl Pool {
             next: AtomicUsize::new(0),
             connect_timeout,
             response_timeout,
-            skew: Mutex::new(Skew {
-                best: 0,
-                since: Instant::now(),
-            }),
+            skew: ClockOffset::new(),
         };
         for slot in 0..pool.slots.len() {
             let until = Instant::now() + budget;
@@ -146,7 +101,7 @@ impl Pool {
                     .await
                     .map_err(map_err)?;
                 let arrived = host_micros().max(sent);
-                pool.lock_skew().best = Skew::bound(time.0, time.1, arrived);
+                pool.observe(time.0, time.1, arrived);
             }
         }
         Ok(pool)
@@ -218,15 +173,11 @@ impl Pool {
         }
     }
 
-    fn lock_skew(&self) -> std::sync::MutexGuard<'_, Skew> {
-        self.skew.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Records a reply that carried the server's `TIME` (seconds, microseconds) and arrived at
     /// `arrived` ([`host_micros`]).
     pub(super) fn observe(&self, seconds: i64, micros: i64, arrived: i64) {
-        let seen = Skew::bound(seconds, micros, arrived);
-        self.lock_skew().observe(seen, Instant::now());
+        let server = seconds.saturating_mul(1_000_000).saturating_add(micros);
+        self.skew.observe(server, arrived);
     }
 
     /// `deadline` as a reading of the server's clock in microseconds ('' without one): the
@@ -237,52 +188,6 @@ impl Pool {
         let Some(deadline) = deadline else {
             return String::new();
         };
-        let left = deadline.saturating_duration_since(Instant::now());
-        self.lock_skew().on_server(host_micros(), left).to_string()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A server clock an hour ahead of this host and one an hour behind: the deadline handed
-    /// to the script is the caller's moment on the server's clock, less the reply's return
-    /// trip (the bound is taken when the reply arrived, after the server read its clock).
-    #[test]
-    fn deadlines_move_to_the_server_clock_less_the_return_trip() {
-        let hour = 3_600_000_000i64;
-        let host = 1_700_000_000_000_000i64;
-        for offset in [hour, -hour, 0] {
-            // The server read TIME at host + 100 µs, the reply arrived at host + 300 µs.
-            let server = host + 100 + offset;
-            let bound = Skew::bound(server / 1_000_000, server % 1_000_000, host + 300);
-            assert_eq!(bound, offset - 200);
-            let skew = Skew {
-                best: bound,
-                since: Instant::now(),
-            };
-            let left = Duration::from_millis(250);
-            assert_eq!(skew.on_server(host, left), host + 250_000 + offset - 200);
-        }
-    }
-
-    /// The tightest bound is kept; after the window a newer one replaces it (a clock step).
-    #[test]
-    fn the_tightest_recent_bound_is_kept() {
-        let t0 = Instant::now();
-        let mut skew = Skew {
-            best: 10,
-            since: t0,
-        };
-        skew.observe(5, t0 + Duration::from_secs(1));
-        assert_eq!(
-            skew.best, 10,
-            "a looser bound (a slow reply) does not replace it"
-        );
-        skew.observe(12, t0 + Duration::from_secs(2));
-        assert_eq!(skew.best, 12);
-        skew.observe(-1_000, t0 + Duration::from_secs(20));
-        assert_eq!(skew.best, -1_000, "the server clock stepped back: followed");
+        self.skew.on_server(deadline).to_string()
     }
 }
