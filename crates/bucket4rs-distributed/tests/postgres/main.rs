@@ -79,22 +79,34 @@ impl Drop for Table {
 }
 
 async fn backend_with(table: &str, options: PostgresOptions, url: &str) -> PostgresBackend {
+    // The table first, with patient timeouts: concurrent tests migrate their own tables, and
+    // DDL waits for catalog locks longer than a test's short lock timeout may allow.
+    let setup = PostgresOptions::default()
+        .lock_timeout(Duration::from_secs(10))
+        .statement_timeout(Duration::from_secs(10));
+    connected(table, setup, url)
+        .await
+        .migrate()
+        .await
+        .expect("migrate");
+    connected(table, options, url).await
+}
+
+async fn connected(table: &str, options: PostgresOptions, url: &str) -> PostgresBackend {
     let options = options.table(table).expect("valid table name");
     // The setup, not what a test measures: a loaded machine (throwaway clusters starting
     // beside the shared server) can take longer than the connect timeout to answer, so a
     // few attempts within 10 s before the server counts as unreachable.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let backend = loop {
+    loop {
         match PostgresBackend::connect(url, options.clone()).await {
-            Ok(b) => break b,
+            Ok(b) => return b,
             Err(_) if std::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(200)).await
             }
             Err(e) => panic!("PostgreSQL at {url} is required for these tests: {e}"),
         }
-    };
-    backend.migrate().await.expect("migrate");
-    backend
+    }
 }
 
 async fn backend(table: &Table) -> PostgresBackend {
