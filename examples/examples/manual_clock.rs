@@ -48,7 +48,7 @@ fn run(out: &mut dyn Write) -> Outcome {
     // Exact waits: waiting the reported time is enough, one nanosecond less is not.
     greedy.try_consume(10)?;
     let probe = greedy.try_consume_and_return_remaining(3)?;
-    let wait = probe.nanos_to_wait_for_refill();
+    let wait = probe.wait_for_refill().as_nanos() as u64;
     clock.advance_nanos(i64::try_from(wait)? - 1);
     let early = greedy.try_consume(3)?;
     clock.advance_nanos(1);

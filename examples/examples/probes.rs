@@ -48,7 +48,7 @@ fn run(out: &mut dyn Write) -> Outcome {
         out,
         "probe for 11 (above the capacity): never possible {}, wait {} ns",
         probe.is_never_possible(),
-        probe.nanos_to_wait_for_refill()
+        probe.wait_for_refill().as_nanos() as u64
     )?;
 
     let estimate = bucket.estimate_ability_to_consume(10)?;

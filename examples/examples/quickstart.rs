@@ -73,7 +73,8 @@ fn run(out: &mut dyn Write) -> Outcome {
             clock.now_nanos(),
             &ops::EstimateAbilityToConsume(1),
         )?
-        .nanos_to_wait_for_refill();
+        .wait_for_refill()
+        .as_nanos() as u64;
     clock.advance_nanos(wait as i64 - 1);
     let early = state.apply(&config, clock.now_nanos(), &ops::TryConsume(1))?;
     clock.advance_nanos(1);
@@ -136,7 +137,8 @@ fn run(out: &mut dyn Write) -> Outcome {
                 clock.now_nanos(),
                 &ops::EstimateAbilityToConsume(1),
             )?
-            .nanos_to_wait_for_refill(),
+            .wait_for_refill()
+            .as_nanos() as u64,
     ));
     writeln!(
         out,

@@ -40,7 +40,7 @@ impl RefillKind {
     /// ```
     /// assert!(!bucket4rs_core::RefillKind::Greedy.is_interval());
     /// ```
-    pub const fn is_interval(self) -> bool {
+    pub(crate) const fn is_interval(self) -> bool {
         !matches!(self, Self::Greedy)
     }
 }
@@ -173,17 +173,6 @@ impl Bandwidth {
         Duration::from_nanos(self.refill_period as u64)
     }
 
-    /// The refill period in nanoseconds.
-    ///
-    /// ```
-    /// # use bucket4rs_core::Bandwidth; use core::time::Duration;
-    /// assert_eq!(Bandwidth::simple(1, Duration::from_micros(2))?.refill_period_nanos(), 2000);
-    /// # Ok::<(), bucket4rs_core::ConfigError>(())
-    /// ```
-    pub fn refill_period_nanos(&self) -> u64 {
-        self.refill_period as u64
-    }
-
     /// How this bandwidth refills.
     ///
     /// ```
@@ -202,6 +191,7 @@ impl Bandwidth {
     /// assert_eq!(Bandwidth::simple(4, Duration::from_secs(1))?.explicit_initial_tokens(), None);
     /// # Ok::<(), bucket4rs_core::ConfigError>(())
     /// ```
+    #[doc(hidden)]
     pub fn explicit_initial_tokens(&self) -> Option<u64> {
         self.initial_tokens.map(|t| t as u64)
     }
@@ -589,6 +579,7 @@ impl BucketConfiguration {
     /// assert_eq!(c.check_clock(true), Ok(()));
     /// # Ok::<(), bucket4rs_core::ConfigError>(())
     /// ```
+    #[doc(hidden)]
     pub fn check_clock(&self, wall_clock_based: bool) -> Result<(), ConfigError> {
         if !wall_clock_based && self.needs_wall_clock() {
             return Err(ConfigError::AlignedRefillNeedsWallClock);

@@ -62,14 +62,16 @@ pub use listener::{BucketListener, NoopListener};
 pub use ops::{ConsumptionProbe, EstimationProbe};
 pub use replace::TokensInheritanceStrategy;
 pub use state::{BandwidthState, BucketState, StateError};
-pub use verbose::VerboseResult;
+pub use verbose::{Answer, Plain, Verbose, VerboseResult};
 
 /// What the other bucket4rs crates need from the core's fast forms, outside semver: the
 /// compact and scaled one-bandwidth states and the single-bandwidth planning shortcuts that
 /// local storages run before the general engine. Not for use outside bucket4rs.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::ops::{Plan, Scaled, Single, Take, plan, plan_one, plan_scaled};
+    pub use crate::ops::{
+        Mutation, Plan, Refilled, Scaled, Single, Take, plan, plan_one, plan_scaled,
+    };
     pub use crate::state::{CompactForm, CompactStop, ScaledState};
 }
 

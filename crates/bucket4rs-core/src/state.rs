@@ -37,6 +37,7 @@ impl BandwidthState {
     /// # use bucket4rs_core::BandwidthState;
     /// assert_eq!(BandwidthState::from_parts(5, -3, 1).tokens(), -3);
     /// ```
+    #[doc(hidden)]
     pub const fn from_parts(last_refill_nanos: i64, tokens: i64, remainder: i64) -> Self {
         Self {
             last_refill: last_refill_nanos,
@@ -583,6 +584,7 @@ impl BucketState {
     /// let s = BucketState::from_bandwidths(vec![BandwidthState::from_parts(0, 1, 0)]);
     /// assert_eq!(s.bandwidths().len(), 1);
     /// ```
+    #[doc(hidden)]
     pub fn from_bandwidths(bandwidths: Vec<BandwidthState>) -> Self {
         // Inline when it fits, otherwise the vector's own allocation is kept.
         Self {

@@ -215,3 +215,117 @@ impl<T> VerboseResult<T> {
         Duration::from_nanos(self.view().reset_wait(0))
     }
 }
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Plain {}
+    impl Sealed for super::Verbose {}
+}
+
+/// How a bucket view answers: with each operation's value ([`Plain`], every bucket's default),
+/// or with that value inside a [`VerboseResult`] ([`Verbose`], what `as_verbose` gives).
+///
+/// The answer is a type parameter of the bucket types rather than a second set of methods:
+/// `try_consume` is one method whose return type is `A::Of<bool>`, which is `bool` on a plain
+/// bucket and `VerboseResult<bool>` on a verbose one. Sealed.
+///
+/// ```
+/// use bucket4rs_core::{Answer, Plain, Verbose, VerboseResult};
+///
+/// fn plain(answer: <Plain as Answer>::Of<bool>) -> bool {
+///     answer
+/// }
+/// fn verbose(answer: <Verbose as Answer>::Of<bool>) -> VerboseResult<bool> {
+///     answer
+/// }
+/// # let _ = (plain, verbose);
+/// ```
+pub trait Answer: sealed::Sealed + Send + Sync + 'static {
+    /// What an operation whose value is `T` answers: `T`, or a `VerboseResult<T>`.
+    type Of<T>;
+
+    /// Runs `plain` on a plain view and `verbose` on a verbose one, either with `input`.
+    #[doc(hidden)]
+    fn pick<X, T, E>(
+        input: X,
+        plain: impl FnOnce(X) -> Result<T, E>,
+        verbose: impl FnOnce(X) -> Result<VerboseResult<T>, E>,
+    ) -> Result<Self::Of<T>, E>;
+
+    /// The answer to a verbose result: its value on a plain view, itself on a verbose one.
+    #[doc(hidden)]
+    fn from_verbose<T>(result: VerboseResult<T>) -> Self::Of<T>;
+
+    /// Maps the value inside an answer.
+    #[doc(hidden)]
+    fn map<T, U>(answer: Self::Of<T>, f: impl FnOnce(T) -> U) -> Self::Of<U>;
+}
+
+/// The plain [`Answer`]: each operation answers its value.
+///
+/// ```
+/// # use bucket4rs_core::{Answer, Plain};
+/// let yes: <Plain as Answer>::Of<bool> = true;
+/// # let _ = yes;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Plain {}
+
+/// The verbose [`Answer`]: each operation answers a [`VerboseResult`] with the configuration,
+/// the state the operation left and its reading, from which the diagnostics are read.
+///
+/// ```
+/// # use bucket4rs_core::{Answer, Verbose, VerboseResult};
+/// fn value(answer: <Verbose as Answer>::Of<u64>) -> u64 {
+///     answer.into_value()
+/// }
+/// # let _ = value;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verbose {}
+
+impl Answer for Plain {
+    type Of<T> = T;
+
+    #[inline(always)]
+    fn pick<X, T, E>(
+        input: X,
+        plain: impl FnOnce(X) -> Result<T, E>,
+        _verbose: impl FnOnce(X) -> Result<VerboseResult<T>, E>,
+    ) -> Result<T, E> {
+        plain(input)
+    }
+
+    #[inline(always)]
+    fn from_verbose<T>(result: VerboseResult<T>) -> T {
+        result.into_value()
+    }
+
+    #[inline(always)]
+    fn map<T, U>(answer: T, f: impl FnOnce(T) -> U) -> U {
+        f(answer)
+    }
+}
+
+impl Answer for Verbose {
+    type Of<T> = VerboseResult<T>;
+
+    #[inline]
+    fn pick<X, T, E>(
+        input: X,
+        _plain: impl FnOnce(X) -> Result<T, E>,
+        verbose: impl FnOnce(X) -> Result<VerboseResult<T>, E>,
+    ) -> Result<VerboseResult<T>, E> {
+        verbose(input)
+    }
+
+    #[inline]
+    fn from_verbose<T>(result: VerboseResult<T>) -> VerboseResult<T> {
+        result
+    }
+
+    #[inline]
+    fn map<T, U>(answer: VerboseResult<T>, f: impl FnOnce(T) -> U) -> VerboseResult<U> {
+        answer.map(f)
+    }
+}

@@ -39,7 +39,7 @@ fn assert_exact_probe(config: &BucketConfiguration, state: &BucketState, now: i6
         .apply(config, now, &ops::EstimateAbilityToConsume(n))
         .unwrap();
     assert!(!probe.can_be_consumed());
-    assert_eq!(probe.nanos_to_wait_for_refill(), w);
+    assert_eq!(probe.wait_for_refill().as_nanos() as u64, w);
     let at = |t| {
         state
             .clone()
@@ -73,7 +73,7 @@ fn interval_wait_beyond_max_saturates_and_reservation_is_refused() {
             let probe = state
                 .apply(&c, 0, &ops::EstimateAbilityToConsume(n))
                 .unwrap();
-            assert_eq!(probe.nanos_to_wait_for_refill(), MAXU);
+            assert_eq!(probe.wait_for_refill().as_nanos() as u64, MAXU);
         }
         let drained = state.clone();
         assert_eq!(
@@ -96,8 +96,8 @@ fn interval_wait_beyond_max_saturates_and_reservation_is_refused() {
         let probe = state
             .apply(&c, 0, &ops::TryConsumeAndReturnRemaining(1))
             .unwrap();
-        assert_eq!(probe.nanos_to_wait_for_reset(), MAXU);
-        assert_eq!(probe.nanos_to_wait_for_refill(), period);
+        assert_eq!(probe.wait_for_reset().as_nanos() as u64, MAXU);
+        assert_eq!(probe.wait_for_refill().as_nanos() as u64, period);
         // One refill is still exact, and can be reserved.
         assert_exact_probe(&c, &state, 0, 3, period);
         assert_eq!(
@@ -141,8 +141,8 @@ fn reset_wait_uses_the_exact_deficit_beyond_max() {
         .unwrap();
     assert!(!probe.is_consumed());
     assert_eq!(probe.remaining_tokens(), 0);
-    assert_eq!(probe.nanos_to_wait_for_refill(), MAXU);
-    assert_eq!(probe.nanos_to_wait_for_reset(), MAXU);
+    assert_eq!(probe.wait_for_refill().as_nanos() as u64, MAXU);
+    assert_eq!(probe.wait_for_reset().as_nanos() as u64, MAXU);
 
     // -2 of 1 would be -2 * MAX of MAX: PROPORTIONALLY saturates at MIN.
     let (c, mut state) = deep_debt(2);
@@ -151,8 +151,8 @@ fn reset_wait_uses_the_exact_deficit_beyond_max() {
     let probe = state
         .apply(&c, 0, &ops::TryConsumeAndReturnRemaining(1))
         .unwrap();
-    assert_eq!(probe.nanos_to_wait_for_refill(), MAXU);
-    assert_eq!(probe.nanos_to_wait_for_reset(), MAXU);
+    assert_eq!(probe.wait_for_refill().as_nanos() as u64, MAXU);
+    assert_eq!(probe.wait_for_reset().as_nanos() as u64, MAXU);
     assert_eq!(
         state.apply(&c, 0, &ops::ConsumeIgnoringRateLimits(1)),
         Err(OperationError::WaitTooLong)
@@ -232,7 +232,7 @@ fn refill_across_the_whole_clock_range_with_extreme_rates() {
                 .clone()
                 .apply(&c, MIN, &ops::EstimateAbilityToConsume(n))
                 .unwrap();
-            let w = probe.nanos_to_wait_for_refill();
+            let w = probe.wait_for_refill().as_nanos() as u64;
             if w < MAXU {
                 assert_exact_probe(&c, &state, MIN, n, w);
             }
@@ -253,8 +253,8 @@ fn greedy_wait_includes_the_gap_after_the_clock_went_backwards() {
     let probe = state
         .apply(&c, 9 * SEC, &ops::TryConsumeAndReturnRemaining(1))
         .unwrap();
-    assert_eq!(probe.nanos_to_wait_for_refill(), 1_100_000_000);
-    assert_eq!(probe.nanos_to_wait_for_reset(), 2 * SEC as u64);
+    assert_eq!(probe.wait_for_refill().as_nanos() as u64, 1_100_000_000);
+    assert_eq!(probe.wait_for_reset().as_nanos() as u64, 2 * SEC as u64);
     // No tokens were minted by going back.
     assert_eq!(state.available_tokens(&c, 9 * SEC), 0);
     assert_eq!(state.available_tokens(&c, 10 * SEC), 0);
@@ -324,7 +324,7 @@ fn greedy_inheriting_a_future_last_refill_waits_for_it() {
             .unwrap();
         let deficit = capacity as i64 - state.available_tokens(&new, 0);
         assert_eq!(
-            probe.nanos_to_wait_for_reset(),
+            probe.wait_for_reset().as_nanos() as u64,
             (540 * SEC + deficit * 6 * SEC) as u64
         );
         let w = state
@@ -348,7 +348,10 @@ fn extreme_token_arguments_are_handled_exactly() {
             .apply(&c, 0, &ops::TryConsumeAndReturnRemaining(n))
             .unwrap();
         assert_eq!(
-            (probe.remaining_tokens(), probe.nanos_to_wait_for_refill()),
+            (
+                probe.remaining_tokens(),
+                probe.wait_for_refill().as_nanos() as u64
+            ),
             (10, MAXU)
         );
         assert_eq!(
@@ -413,8 +416,8 @@ fn raw_states_with_extreme_fields_never_panic() {
                             let probe = copy
                                 .apply(c, now, &ops::TryConsumeAndReturnRemaining(n))
                                 .unwrap();
-                            assert!(probe.nanos_to_wait_for_refill() <= MAXU);
-                            assert!(probe.nanos_to_wait_for_reset() <= MAXU);
+                            assert!(probe.wait_for_refill().as_nanos() as u64 <= MAXU);
+                            assert!(probe.wait_for_reset().as_nanos() as u64 <= MAXU);
                             let _ = copy
                                 .clone()
                                 .apply(c, now, &ops::ConsumeIgnoringRateLimits(n));

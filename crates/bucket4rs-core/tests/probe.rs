@@ -108,8 +108,8 @@ fn waiting_retry_after_seconds_is_always_enough() -> Result<(), Box<dyn std::err
             &bucket4rs_core::ops::TryConsumeAndReturnRemaining(tokens),
         )?;
         let secs = probe.retry_after_secs().ok_or("refused")?;
-        assert!(secs * SEC >= probe.nanos_to_wait_for_refill());
-        assert!((secs - 1) * SEC < probe.nanos_to_wait_for_refill());
+        assert!(secs * SEC >= probe.wait_for_refill().as_nanos() as u64);
+        assert!((secs - 1) * SEC < probe.wait_for_refill().as_nanos() as u64);
         let at = i64::try_from(secs * SEC)?;
         assert!(
             state.apply(&config, at, &bucket4rs_core::ops::TryConsume(tokens))?,

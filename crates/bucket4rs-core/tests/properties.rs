@@ -279,7 +279,7 @@ fn ref_refill(b: &Bandwidth, w: Wide, t: i128) -> Wide {
     let (c, tk, p) = (
         cap(b),
         i128::from(b.refill_tokens()),
-        i128::from(b.refill_period_nanos()),
+        (b.refill_period().as_nanos() as i128),
     );
     if t <= w.l {
         return w;
@@ -381,7 +381,7 @@ fn ref_fresh(b: &Bandwidth, t0: i64) -> BandwidthState {
     let (c, t, p) = (
         cap(b),
         i128::from(b.refill_tokens()),
-        i128::from(b.refill_period_nanos()),
+        (b.refill_period().as_nanos() as i128),
     );
     match b.refill_kind() {
         RefillKind::IntervallyAligned {
@@ -566,8 +566,8 @@ fn ref_inherit(
     nb: &Bandwidth,
     strategy: TokensInheritanceStrategy,
 ) -> Option<BandwidthState> {
-    let (c, p) = (cap(ob), i128::from(ob.refill_period_nanos()));
-    let (c2, p2) = (cap(nb), i128::from(nb.refill_period_nanos()));
+    let (c, p) = (cap(ob), (ob.refill_period().as_nanos() as i128));
+    let (c2, p2) = (cap(nb), (nb.refill_period().as_nanos() as i128));
     let carry = if is_greedy(ob) && is_greedy(nb) {
         (w.e * p2).div_euclid(p)
     } else {
@@ -881,7 +881,8 @@ impl Sim {
                 None => {
                     prop_assert!(i128::from(s.tokens()) < cap(b));
                     prop_assert!(
-                        s.remainder() >= 0 && (s.remainder() as u64) < b.refill_period_nanos()
+                        s.remainder() >= 0
+                            && (s.remainder() as u64) < (b.refill_period().as_nanos() as u64)
                     );
                 }
             }
@@ -923,14 +924,31 @@ impl Sim {
         match (op, got) {
             (Op::Probe(n), Ok(Out::Probe(p))) => {
                 if p.is_consumed() {
-                    prop_assert_eq!(p.nanos_to_wait_for_refill(), 0);
+                    prop_assert_eq!(p.wait_for_refill().as_nanos() as u64, 0);
                 } else {
-                    check_probe_wait(config, &before, now, *n, p.nanos_to_wait_for_refill())?;
+                    check_probe_wait(
+                        config,
+                        &before,
+                        now,
+                        *n,
+                        p.wait_for_refill().as_nanos() as u64,
+                    )?;
                 }
-                check_reset_wait(config, &self.state, now, p.nanos_to_wait_for_reset())?;
+                check_reset_wait(
+                    config,
+                    &self.state,
+                    now,
+                    p.wait_for_reset().as_nanos() as u64,
+                )?;
             }
             (Op::Estimate(n), Ok(Out::Estimate(p))) if !p.can_be_consumed() => {
-                check_probe_wait(config, &before, now, *n, p.nanos_to_wait_for_refill())?;
+                check_probe_wait(
+                    config,
+                    &before,
+                    now,
+                    *n,
+                    p.wait_for_refill().as_nanos() as u64,
+                )?;
             }
             (Op::Ignoring(_), Ok(Out::Wait(w))) | (Op::Reserve(..), Ok(Out::Reserved(Some(w)))) => {
                 check_debt_wait(config, &self.state, now, w)?;
@@ -1073,7 +1091,7 @@ proptest! {
         }
         let view = Refilled::new(&config, latest, |i| state.bandwidths()[i]);
         for (i, b) in config.bandwidths().iter().enumerate() {
-            let (t, p) = (i128::from(b.refill_tokens()), i128::from(b.refill_period_nanos()));
+            let (t, p) = (i128::from(b.refill_tokens()), (b.refill_period().as_nanos() as i128));
             let span = i128::from(latest) - i128::from(t0);
             let earned = if is_greedy(b) { (t * span) / p } else { t * (span / p) };
             let gained = i128::from(view.get(i).tokens()) + consumed - i128::from(b.initial_tokens());
@@ -1134,13 +1152,13 @@ proptest! {
         let mut s = state.clone();
         match s.apply(&config, now, &ops::TryConsumeAndReturnRemaining(n)) {
             Ok(p) => {
-                refill_at(&s, p.nanos_to_wait_for_refill())?;
-                refill_at(&s, p.nanos_to_wait_for_reset())?;
+                refill_at(&s, p.wait_for_refill().as_nanos() as u64)?;
+                refill_at(&s, p.wait_for_reset().as_nanos() as u64)?;
             }
             Err(e) => prop_assert!(matches!(e, OperationError::ZeroTokens | OperationError::StateMismatch)),
         }
         if let Ok(p) = state.clone().apply(&config, now, &ops::EstimateAbilityToConsume(n)) {
-            refill_at(&state, p.nanos_to_wait_for_refill())?;
+            refill_at(&state, p.wait_for_refill().as_nanos() as u64)?;
         }
         let mut s = state.clone();
         if let Ok(w) = s.apply(&config, now, &ops::ConsumeIgnoringRateLimits(n)) {
@@ -1252,7 +1270,7 @@ proptest! {
 /// from `MIN` to `MAX`, a remainder in `[0, P)` (0 for interval kinds).
 fn valid_state(b: &Bandwidth, l: i64, s: i64, e: u64) -> BandwidthState {
     let e = if is_greedy(b) {
-        (e % b.refill_period_nanos()) as i64
+        (e % (b.refill_period().as_nanos() as u64)) as i64
     } else {
         0
     };
@@ -1411,7 +1429,7 @@ proptest! {
     ) {
         let b = build_bandwidth(&spec, None);
         let p = b.refill_period().as_nanos() as i128;
-        let q = if b.refill_kind().is_interval() { p } else { gcd(b.refill_tokens() as i128, p) };
+        let q = if b.refill_kind() != bucket4rs_core::RefillKind::Greedy { p } else { gcd(b.refill_tokens() as i128, p) };
         let unit = p / q;
         let decoded = BandwidthState::from_scaled_balance(&b, last, scaled);
         prop_assert_eq!(decoded.last_refill_nanos(), last);

@@ -153,7 +153,7 @@ pub fn encode(config: &BucketConfiguration, state: &BucketState) -> Vec<u8> {
         for v in [
             b.capacity() as i64,
             b.refill_tokens() as i64,
-            b.refill_period_nanos() as i64,
+            b.refill_period().as_nanos() as i64,
         ] {
             out.extend_from_slice(&v.to_be_bytes());
         }

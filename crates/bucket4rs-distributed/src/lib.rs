@@ -67,7 +67,7 @@ pub use error::{BackendError, BackendErrorKind, DistributedError, FormatError, K
 pub use key::StorageKey;
 pub use manager::{
     BlockingRemoteBucket, CircuitBreaker, ManagerBuilder, ProxyManager, RemoteBucket,
-    RemoteBucketBuilder, RetryPolicy, TimeSource, VerboseRemoteBucket,
+    RemoteBucketBuilder, RetryPolicy, TimeSource,
 };
 pub use policy::{Decision, FailurePolicy};
 #[cfg(feature = "postgres")]

@@ -2,16 +2,18 @@
 
 use core::time::Duration;
 
+use core::marker::PhantomData;
+
 use bucket4rs_core::ops::{self, Operation};
 use bucket4rs_core::{
-    BucketConfiguration, BucketListener, BucketState, Clock, ConfigError, ConsumptionProbe,
-    EstimationProbe, NoopListener, OperationError, TokensInheritanceStrategy,
+    Answer, BucketConfiguration, BucketListener, BucketState, Clock, ConfigError, ConsumptionProbe,
+    EstimationProbe, NoopListener, OperationError, Plain, TokensInheritanceStrategy, Verbose,
+    VerboseResult,
 };
 
 use crate::builder::BucketBuilder;
 use crate::clock::FastClock;
 use crate::storage::{LockFree, Storage, Synchronized, Unsynchronized};
-use crate::verbose::VerboseBucket;
 
 /// A token bucket held in process memory.
 ///
@@ -19,6 +21,11 @@ use crate::verbose::VerboseBucket;
 /// `C` the clock and `L` the listener; all three are type parameters, so every call is
 /// monomorphized: no dynamic dispatch, no boxing, and the default [`NoopListener`] compiles
 /// away. Use the aliases [`LockFreeBucket`], [`SynchronizedBucket`] and [`UnsyncBucket`].
+///
+/// `A` is how the bucket answers: [`Plain`] (the default: `try_consume` answers a `bool`) or,
+/// on the view [`as_verbose`](Bucket::as_verbose) gives ([`VerboseBucket`]), [`Verbose`]: the
+/// same methods, each answering a [`VerboseResult`] with the configuration and state. Where a
+/// signature reads `A::Of<T>`, a plain bucket answers `T`.
 ///
 /// ```
 /// use bucket4rs_local::{Bucket, LockFreeBucket};
@@ -37,11 +44,35 @@ use crate::verbose::VerboseBucket;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
-pub struct Bucket<S = LockFree, C = FastClock, L = NoopListener> {
+pub struct Bucket<S = LockFree, C = FastClock, L = NoopListener, A = Plain> {
     storage: S,
     clock: C,
     listener: L,
+    answer: PhantomData<fn() -> A>,
 }
+
+/// The verbose view of a bucket ([`Bucket::as_verbose`]): the same operations, each answering
+/// a [`VerboseResult`] with the configuration, the state after the operation and its reading,
+/// from which the diagnostics (tokens per bandwidth, time until full) are read. Costs more
+/// than the plain API (the configuration and state are copied out), so use it where the answer
+/// needs them, as for rate-limit response headers.
+///
+/// ```
+/// use bucket4rs_local::Bucket;
+/// use std::time::Duration;
+///
+/// let bucket = Bucket::builder()
+///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+///     .build()?;
+/// let verbose = bucket.as_verbose();
+/// let r = verbose.try_consume(4)?;
+/// assert!(*r.value());
+/// assert_eq!(r.available_tokens_per_bandwidth(), [6]);
+/// verbose.add_tokens(1)?;
+/// assert_eq!(verbose.available_tokens().into_value(), 7);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type VerboseBucket<'a, S, C, L> = Bucket<&'a S, &'a C, &'a L, Verbose>;
 
 /// A lock-free bucket (the default strategy).
 pub type LockFreeBucket<C = FastClock, L = NoopListener> = Bucket<LockFree, C, L>;
@@ -94,12 +125,13 @@ impl Bucket {
     }
 }
 
-impl<S, C, L> Bucket<S, C, L> {
+impl<S, C, L, A> Bucket<S, C, L, A> {
     pub(crate) fn from_parts(storage: S, clock: C, listener: L) -> Self {
         Self {
             storage,
             clock,
             listener,
+            answer: PhantomData,
         }
     }
 
@@ -148,7 +180,7 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
+impl<S: Storage, C: Clock, L: BucketListener, A: Answer> Bucket<S, C, L, A> {
     /// Runs any core [`Operation`] at the current time and notifies the listener. The typed
     /// methods below are shorthands for it.
     ///
@@ -163,12 +195,34 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline(always)]
-    pub fn execute<O: Operation>(&self, op: O) -> Result<O::Output, OperationError> {
-        let now = self.clock.now_nanos();
-        let out = self.storage.execute(&op, now)?;
-        // The state change is committed: a panicking listener cannot corrupt the bucket.
-        op.notify(&out, &self.listener);
-        Ok(out)
+    pub fn execute<O: Operation>(&self, op: O) -> Result<A::Of<O::Output>, OperationError> {
+        A::pick(
+            op,
+            |op| {
+                let now = self.clock.now_nanos();
+                let out = self.storage.execute(&op, now)?;
+                // The state change is committed: a panicking listener cannot corrupt the bucket.
+                op.notify(&out, &self.listener);
+                Ok(out)
+            },
+            |op| {
+                let now = self.clock.now_nanos();
+                let op = ops::Verbose(op);
+                let ((value, state), config) = self.storage.execute_with_config(&op, now)?;
+                op.0.notify(&value, &self.listener);
+                Ok(VerboseResult::new(value, config, state, now))
+            },
+        )
+    }
+
+    /// An operation without arguments, which has no error to report.
+    #[inline(always)]
+    fn infallible<O: Operation>(&self, op: O) -> A::Of<O::Output> {
+        match self.execute(op) {
+            Ok(answer) => answer,
+            // Only argument checks fail, and these operations take no argument.
+            Err(_) => unreachable!("an operation without arguments has no error"),
+        }
     }
 
     /// Consumes `tokens` if every limit has them; `Ok(false)` (taking nothing) otherwise.
@@ -184,7 +238,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline(always)]
-    pub fn try_consume(&self, tokens: u64) -> Result<bool, OperationError> {
+    pub fn try_consume(&self, tokens: u64) -> Result<A::Of<bool>, OperationError> {
         self.execute(ops::TryConsume(tokens))
     }
 
@@ -207,7 +261,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     pub fn try_consume_and_return_remaining(
         &self,
         tokens: u64,
-    ) -> Result<ConsumptionProbe, OperationError> {
+    ) -> Result<A::Of<ConsumptionProbe>, OperationError> {
         self.execute(ops::TryConsumeAndReturnRemaining(tokens))
     }
 
@@ -227,7 +281,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     pub fn estimate_ability_to_consume(
         &self,
         tokens: u64,
-    ) -> Result<EstimationProbe, OperationError> {
+    ) -> Result<A::Of<EstimationProbe>, OperationError> {
         self.execute(ops::EstimateAbilityToConsume(tokens))
     }
 
@@ -240,9 +294,8 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// assert_eq!(bucket.try_consume_as_much_as_possible(), 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn try_consume_as_much_as_possible(&self) -> u64 {
-        self.execute(ops::TryConsumeAsMuchAsPossible(None))
-            .unwrap_or(0)
+    pub fn try_consume_as_much_as_possible(&self) -> A::Of<u64> {
+        self.infallible(ops::TryConsumeAsMuchAsPossible(None))
     }
 
     /// Consumes the available tokens, at most `limit`; returns how many.
@@ -259,7 +312,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     pub fn try_consume_as_much_as_possible_with_limit(
         &self,
         limit: u64,
-    ) -> Result<u64, OperationError> {
+    ) -> Result<A::Of<u64>, OperationError> {
         self.execute(ops::TryConsumeAsMuchAsPossible(Some(limit)))
     }
 
@@ -276,7 +329,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// assert_eq!(bucket.available_tokens(), 2);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn add_tokens(&self, tokens: u64) -> Result<(), OperationError> {
+    pub fn add_tokens(&self, tokens: u64) -> Result<A::Of<()>, OperationError> {
         self.execute(ops::AddTokens(tokens))
     }
 
@@ -292,7 +345,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// assert_eq!(bucket.available_tokens(), 15);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn force_add_tokens(&self, tokens: u64) -> Result<(), OperationError> {
+    pub fn force_add_tokens(&self, tokens: u64) -> Result<A::Of<()>, OperationError> {
         self.execute(ops::ForceAddTokens(tokens))
     }
 
@@ -306,8 +359,8 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// assert_eq!(bucket.available_tokens(), 5);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn reset(&self) {
-        let _ = self.execute(ops::Reset);
+    pub fn reset(&self) -> A::Of<()> {
+        self.infallible(ops::Reset)
     }
 
     /// The tokens available now; negative while in debt.
@@ -320,8 +373,8 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
-    pub fn available_tokens(&self) -> i64 {
-        self.execute(ops::AvailableTokens).unwrap_or(0)
+    pub fn available_tokens(&self) -> A::Of<i64> {
+        self.infallible(ops::AvailableTokens)
     }
 
     /// Consumes `tokens` whatever the balance and returns how long until the debt is repaid
@@ -337,9 +390,12 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// assert_eq!(bucket.consume_ignoring_rate_limits(12)?, Duration::from_millis(200));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn consume_ignoring_rate_limits(&self, tokens: u64) -> Result<Duration, OperationError> {
-        self.execute(ops::ConsumeIgnoringRateLimits(tokens))
-            .map(Duration::from_nanos)
+    pub fn consume_ignoring_rate_limits(
+        &self,
+        tokens: u64,
+    ) -> Result<A::Of<Duration>, OperationError> {
+        let answer = self.execute(ops::ConsumeIgnoringRateLimits(tokens))?;
+        Ok(A::map(answer, Duration::from_nanos))
     }
 
     /// Reserves `tokens` if the wait until they are paid for is at most `max_wait`, taking them
@@ -360,12 +416,13 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
         &self,
         tokens: u64,
         max_wait: Duration,
-    ) -> Result<Option<Duration>, OperationError> {
+    ) -> Result<A::Of<Option<Duration>>, OperationError> {
         let op = ops::Reserve {
             tokens,
             max_wait_nanos: nanos(max_wait),
         };
-        self.execute(op).map(|w| w.map(Duration::from_nanos))
+        let answer = self.execute(op)?;
+        Ok(A::map(answer, |w| w.map(Duration::from_nanos)))
     }
 
     /// Replaces the configuration; `strategy` says how tokens carry over (bandwidths are matched
@@ -389,8 +446,9 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
         &self,
         config: BucketConfiguration,
         strategy: TokensInheritanceStrategy,
-    ) -> Result<(), ConfigError> {
-        self.replace(config, strategy).map(|_| ())
+    ) -> Result<A::Of<()>, ConfigError> {
+        let (config, state, now) = self.replace(config, strategy)?;
+        Ok(A::from_verbose(VerboseResult::new((), config, state, now)))
     }
 
     /// [`replace_configuration`](Self::replace_configuration), answering the state it
@@ -418,7 +476,9 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
             .unwrap_or_else(|| self.storage.snapshot(now).1);
         Ok((config, state, now))
     }
+}
 
+impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// The configuration in force.
     ///
     /// ```
@@ -465,17 +525,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn as_verbose(&self) -> VerboseBucket<'_, S, C, L> {
-        VerboseBucket::new(self)
-    }
-
-    pub(crate) fn run_verbose<O: Operation>(
-        &self,
-        op: O,
-    ) -> Result<(O::Output, BucketConfiguration, i64), OperationError> {
-        let now = self.clock.now_nanos();
-        let (out, config) = self.storage.execute_with_config(&op, now)?;
-        op.notify(&out, &self.listener);
-        Ok((out, config, now))
+        Bucket::from_parts(&self.storage, &self.clock, &self.listener)
     }
 
     /// A view sharing this bucket's state but notifying `listener` instead of this bucket's
@@ -499,11 +549,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn to_listenable<L2: BucketListener>(&self, listener: L2) -> Bucket<&S, &C, L2> {
-        Bucket {
-            storage: &self.storage,
-            clock: &self.clock,
-            listener,
-        }
+        Bucket::from_parts(&self.storage, &self.clock, listener)
     }
 
     /// A view sharing this bucket's state that notifies this bucket's listener *and then*
@@ -532,11 +578,7 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn and_listener<L2: BucketListener>(&self, listener: L2) -> Bucket<&S, &C, (&L, L2)> {
-        Bucket {
-            storage: &self.storage,
-            clock: &self.clock,
-            listener: (&self.listener, listener),
-        }
+        Bucket::from_parts(&self.storage, &self.clock, (&self.listener, listener))
     }
 }
 

@@ -48,7 +48,7 @@ impl BucketBuilder {
     /// use bucket4rs_local::BucketBuilder;
     /// assert!(BucketBuilder::new().build().is_err()); // no limits
     /// ```
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             limits: Vec::new(),
             error: None,

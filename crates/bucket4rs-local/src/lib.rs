@@ -43,9 +43,10 @@ mod clock;
 mod keyed;
 mod primitive;
 mod storage;
-mod verbose;
 
-pub use bucket::{Bucket, BucketSnapshot, LockFreeBucket, SynchronizedBucket, UnsyncBucket};
+pub use bucket::{
+    Bucket, BucketSnapshot, LockFreeBucket, SynchronizedBucket, UnsyncBucket, VerboseBucket,
+};
 pub use builder::BucketBuilder;
 pub use clock::FastClock;
 pub use keyed::{DefaultHasher, KeyedBucket, KeyedBucketBuilder, KeyedError, VerboseKeyedBucket};
@@ -53,8 +54,8 @@ pub use storage::{
     AnyStorage, LockFree, NewStorage, Storage, SynchronizationStrategy, Synchronized,
     UnknownStrategy, Unsynchronized,
 };
-pub use verbose::VerboseBucket;
 
+pub use bucket4rs_core::{Answer, Plain, Verbose};
 pub use bucket4rs_core::{
     Bandwidth, BandwidthBuilder, BucketConfiguration, BucketListener, BucketState, Clock,
     ConfigError, ConsumptionProbe, EstimationProbe, ManualClock, MonotonicClock, NoopListener,

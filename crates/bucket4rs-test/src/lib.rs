@@ -100,13 +100,13 @@ pub mod outcome {
     /// A consumption probe.
     pub fn probe(p: &ConsumptionProbe) -> Value {
         json!({"consumed": p.is_consumed(), "remaining_tokens": p.remaining_tokens(),
-               "nanos_to_wait_for_refill": p.nanos_to_wait_for_refill(),
-               "nanos_to_wait_for_reset": p.nanos_to_wait_for_reset()})
+               "nanos_to_wait_for_refill": p.wait_for_refill().as_nanos() as u64,
+               "nanos_to_wait_for_reset": p.wait_for_reset().as_nanos() as u64})
     }
     /// An estimation probe.
     pub fn estimate(p: &EstimationProbe) -> Value {
         json!({"can_be_consumed": p.can_be_consumed(), "remaining_tokens": p.remaining_tokens(),
-               "nanos_to_wait_for_refill": p.nanos_to_wait_for_refill()})
+               "nanos_to_wait_for_refill": p.wait_for_refill().as_nanos() as u64})
     }
     /// A blocking try-consume: `Some(parked)` when consumed.
     pub fn blocking_try(parked: Option<u64>) -> Value {

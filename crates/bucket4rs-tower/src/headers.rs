@@ -43,7 +43,7 @@ impl Quota {
             }
             _ => index.to_string(),
         };
-        let full = u128::from(b.capacity()) * u128::from(b.refill_period_nanos())
+        let full = u128::from(b.capacity()) * b.refill_period().as_nanos()
             / u128::from(b.refill_tokens().max(1));
         let window = u64::try_from(full.div_ceil(u128::from(NANOS_PER_SEC)))
             .unwrap_or(u64::MAX)

@@ -85,7 +85,7 @@
 //! | `tryConsume(n)` | [`Bucket::try_consume`] | `Ok(false)` when limited; `Err` only for `n = 0` |
 //! | `tryConsumeAndReturnRemaining(n)` | [`Bucket::try_consume_and_return_remaining`] → [`ConsumptionProbe`] | |
 //! | `probe.isConsumed()`, `getRemainingTokens()` | [`ConsumptionProbe::is_consumed`], [`ConsumptionProbe::remaining_tokens`] | |
-//! | `probe.getNanosToWaitForRefill()`, `getNanosToWaitForReset()` | [`ConsumptionProbe::nanos_to_wait_for_refill`], [`ConsumptionProbe::nanos_to_wait_for_reset`] (or `wait_for_refill`/`wait_for_reset` as `Duration`) | waits round up: waiting the reported time always succeeds |
+//! | `probe.getNanosToWaitForRefill()`, `getNanosToWaitForReset()` | [`ConsumptionProbe::wait_for_refill`], [`ConsumptionProbe::wait_for_reset`] (a `Duration`; `as_nanos()` for the number) | waits round up: waiting the reported time always succeeds |
 //! | `X-Rate-Limit-Retry-After-Seconds` from `getNanosToWaitForRefill()` | [`ConsumptionProbe::retry_after_secs`] | rounded up, at least 1; `wait_for_refill().as_secs()` truncates a 0.4 s wait to 0 |
 //! | a request above the capacity (waits `Long.MAX_VALUE`) | [`ConsumptionProbe::is_never_possible`] | answer it as an error, not with a retry |
 //! | `estimateAbilityToConsume(n)` | [`Bucket::estimate_ability_to_consume`] → [`EstimationProbe`] | |

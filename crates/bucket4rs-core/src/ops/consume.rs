@@ -95,7 +95,7 @@ impl Operation for TryConsume {
 /// let probe = state.apply(&config, 0, &bucket4rs_core::ops::TryConsumeAndReturnRemaining(11))?;
 /// assert!(!probe.is_consumed());
 /// assert_eq!(probe.remaining_tokens(), 10);
-/// assert_eq!(probe.nanos_to_wait_for_refill(), i64::MAX as u64); // 11 > capacity: never
+/// assert_eq!(probe.wait_for_refill().as_nanos() as u64, i64::MAX as u64); // 11 > capacity: never
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -146,39 +146,24 @@ impl ConsumptionProbe {
     pub const fn remaining_tokens(&self) -> u64 {
         self.remaining_tokens
     }
-    /// Nanoseconds until the request could succeed (0 when consumed; `i64::MAX` for never).
-    ///
-    /// ```
-    /// # use bucket4rs_core::ConsumptionProbe;
-    /// assert_eq!(ConsumptionProbe::new(false, 0, 9, 9).nanos_to_wait_for_refill(), 9);
-    /// ```
-    pub const fn nanos_to_wait_for_refill(&self) -> u64 {
-        self.nanos_to_wait_for_refill
-    }
-    /// Nanoseconds until every bandwidth is full again.
-    ///
-    /// ```
-    /// # use bucket4rs_core::ConsumptionProbe;
-    /// assert_eq!(ConsumptionProbe::new(true, 3, 0, 5).nanos_to_wait_for_reset(), 5);
-    /// ```
-    pub const fn nanos_to_wait_for_reset(&self) -> u64 {
-        self.nanos_to_wait_for_reset
-    }
-    /// [`nanos_to_wait_for_refill`](Self::nanos_to_wait_for_refill) as a `Duration`.
+    /// The wait until the request could succeed: zero when consumed, `i64::MAX` nanoseconds
+    /// for never (Bucket4j's `getNanosToWaitForRefill`; `as_nanos()` gives the same number).
     ///
     /// ```
     /// # use bucket4rs_core::ConsumptionProbe; use core::time::Duration;
     /// assert_eq!(ConsumptionProbe::new(false, 0, 9, 9).wait_for_refill(), Duration::from_nanos(9));
     /// ```
+    #[doc(alias = "getNanosToWaitForRefill")]
     pub const fn wait_for_refill(&self) -> Duration {
         Duration::from_nanos(self.nanos_to_wait_for_refill)
     }
-    /// [`nanos_to_wait_for_reset`](Self::nanos_to_wait_for_reset) as a `Duration`.
+    /// The wait until every bandwidth is full again (Bucket4j's `getNanosToWaitForReset`).
     ///
     /// ```
     /// # use bucket4rs_core::ConsumptionProbe; use core::time::Duration;
     /// assert_eq!(ConsumptionProbe::new(true, 3, 0, 5).wait_for_reset(), Duration::from_nanos(5));
     /// ```
+    #[doc(alias = "getNanosToWaitForReset")]
     pub const fn wait_for_reset(&self) -> Duration {
         Duration::from_nanos(self.nanos_to_wait_for_reset)
     }
@@ -362,21 +347,14 @@ impl EstimationProbe {
     pub const fn remaining_tokens(&self) -> u64 {
         self.remaining_tokens
     }
-    /// Nanoseconds until the request could succeed (`i64::MAX` for never).
-    ///
-    /// ```
-    /// # use bucket4rs_core::EstimationProbe;
-    /// assert_eq!(EstimationProbe::new(false, 0, 7).nanos_to_wait_for_refill(), 7);
-    /// ```
-    pub const fn nanos_to_wait_for_refill(&self) -> u64 {
-        self.nanos_to_wait_for_refill
-    }
-    /// The wait as a `Duration`.
+    /// The wait until the request could succeed, `i64::MAX` nanoseconds for never (Bucket4j's
+    /// `getNanosToWaitForRefill`).
     ///
     /// ```
     /// # use bucket4rs_core::EstimationProbe; use core::time::Duration;
     /// assert_eq!(EstimationProbe::new(false, 0, 7).wait_for_refill(), Duration::from_nanos(7));
     /// ```
+    #[doc(alias = "getNanosToWaitForRefill")]
     pub const fn wait_for_refill(&self) -> Duration {
         Duration::from_nanos(self.nanos_to_wait_for_refill)
     }

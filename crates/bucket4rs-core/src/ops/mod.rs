@@ -42,7 +42,9 @@ pub use verbose::Verbose;
 /// on each access (still without allocating).
 const INLINE: usize = 2;
 
-/// A read-only view of a bucket's state, refilled to `now`, that operations plan on.
+/// A read-only view of a bucket's state, refilled to `now`, that operations plan on. Part of
+/// [`Operation`]'s hidden planning method: for the bucket4rs crates, outside semver.
+#[doc(hidden)]
 #[derive(Debug)]
 pub struct Refilled<'a, R> {
     config: &'a BucketConfiguration,
@@ -217,6 +219,7 @@ impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
 /// assert_eq!(s.tokens(), 10);
 /// # Ok::<(), bucket4rs_core::ConfigError>(())
 /// ```
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Mutation {
@@ -287,19 +290,18 @@ impl Mutation {
     }
 }
 
-/// One bucket operation: plans its output and state change on a refilled view.
+/// One bucket operation: the value every bucket's `execute` takes.
 ///
-/// Implemented by the structs of this module; buckets of every kind run them through
-/// [`execute`], so all of them compute the same results.
+/// Implemented by the structs of this module; buckets of every kind run them through one
+/// engine, so all of them compute the same results. How an operation plans is hidden and
+/// outside semver: run the operations here, do not implement new ones.
 ///
 /// ```
-/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::{AvailableTokens, Operation, Refilled}};
+/// use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::AvailableTokens};
 /// # use core::time::Duration;
 /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
-/// # let state = BucketState::new(&config, 0);
-/// let view = Refilled::new(&config, 0, |i| state.bandwidths()[i]);
-/// let (available, change) = AvailableTokens.plan(&view)?;
-/// assert_eq!((available, change), (10, None));
+/// let mut state = BucketState::new(&config, 0);
+/// assert_eq!(state.apply(&config, 0, &AvailableTokens)?, 10);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub trait Operation {
@@ -310,12 +312,14 @@ pub trait Operation {
     ///
     /// # Errors
     /// An [`OperationError`] for invalid arguments or an impossible reservation.
+    #[doc(hidden)]
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
         view: &Refilled<'_, R>,
     ) -> Result<(Self::Output, Option<Mutation>), OperationError>;
 
     /// Tells `listener` what the operation did (only consumption notifies).
+    #[doc(hidden)]
     fn notify<L: BucketListener + ?Sized>(&self, _output: &Self::Output, _listener: &L) {}
 
     /// Whether [`plan_single`](Operation::plan_single) is implemented (a compile-time switch,

@@ -12,7 +12,7 @@ use core::time::Duration;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bucket4rs_core::Clock;
+use bucket4rs_core::{Answer, Clock};
 use dashmap::mapref::entry::Entry;
 use tokio::sync::oneshot;
 
@@ -329,8 +329,8 @@ fn abandoned() -> DistributedError {
 
 /// The batching path: goes at once when the key has nothing in flight (and hands what
 /// queued meanwhile to a batch task when done), else queues behind it.
-pub(super) async fn run_batched<B: Backend, J>(
-    bucket: &RemoteBucket<B>,
+pub(super) async fn run_batched<B: Backend, A: Answer, J>(
+    bucket: &RemoteBucket<B, A>,
     job: J,
     command: Command,
     handle: tokio::runtime::Handle,

@@ -2,13 +2,14 @@
 
 use core::fmt;
 use core::future::Future;
+use core::marker::PhantomData;
 use core::time::Duration;
 use std::sync::Arc;
 
 use bucket4rs_core::ops;
 use bucket4rs_core::{
-    BucketConfiguration, ConsumptionProbe, EstimationProbe, TokensInheritanceStrategy,
-    VerboseResult,
+    Answer, BucketConfiguration, ConsumptionProbe, EstimationProbe, Plain,
+    TokensInheritanceStrategy, Verbose, VerboseResult,
 };
 
 use super::ProxyManager;
@@ -62,6 +63,7 @@ impl<B: Backend> RemoteBucketBuilder<B> {
             manager: self.manager,
             key,
             supplier: Arc::new(configuration),
+            answer: PhantomData,
         })
     }
 }
@@ -83,23 +85,25 @@ impl<B: Backend> RemoteBucketBuilder<B> {
 /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct RemoteBucket<B> {
+pub struct RemoteBucket<B, A = Plain> {
     pub(super) manager: ProxyManager<B>,
     pub(super) key: StorageKey,
     pub(super) supplier: Supplier,
+    pub(super) answer: PhantomData<fn() -> A>,
 }
 
-impl<B> Clone for RemoteBucket<B> {
+impl<B, A> Clone for RemoteBucket<B, A> {
     fn clone(&self) -> Self {
         Self {
             manager: self.manager.clone(),
             key: self.key.clone(),
             supplier: Arc::clone(&self.supplier),
+            answer: PhantomData,
         }
     }
 }
 
-impl<B: fmt::Debug> fmt::Debug for RemoteBucket<B> {
+impl<B: fmt::Debug, A> fmt::Debug for RemoteBucket<B, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RemoteBucket")
             .field("key", &self.key)
@@ -136,8 +140,13 @@ impl<B: Backend> RemoteBucket<B> {
     /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn verbose(&self) -> VerboseRemoteBucket<'_, B> {
-        VerboseRemoteBucket { bucket: self }
+    pub fn verbose(&self) -> RemoteBucket<B, Verbose> {
+        RemoteBucket {
+            manager: self.manager.clone(),
+            key: self.key.clone(),
+            supplier: Arc::clone(&self.supplier),
+            answer: PhantomData,
+        }
     }
 
     /// A blocking view for code outside async contexts, driving calls on `handle`, which
@@ -160,7 +169,9 @@ impl<B: Backend> RemoteBucket<B> {
             handle,
         }
     }
+}
 
+impl<B: Backend, A: Answer> RemoteBucket<B, A> {
     async fn run<J>(
         &self,
         job: J,
@@ -236,13 +247,18 @@ impl<B: Backend> RemoteBucket<B> {
         &self,
         configuration: BucketConfiguration,
         strategy: TokensInheritanceStrategy,
-    ) -> Result<(), DistributedError> {
-        self.verbose()
-            .replace_configuration(configuration, strategy)
-            .await
-            .map(VerboseResult::into_value)
+    ) -> Result<A::Of<()>, DistributedError> {
+        let result = self
+            .run(
+                ReplaceJob(configuration, strategy),
+                Command::ReplaceConfiguration,
+            )
+            .await?;
+        Ok(A::from_verbose(result))
     }
+}
 
+impl<B: Backend> RemoteBucket<B> {
     /// The stored configuration (`None` before first use).
     ///
     /// # Errors
@@ -282,6 +298,7 @@ impl<B: Backend> RemoteBucket<B> {
     /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[doc(hidden)]
     pub async fn raw_record(&self) -> Result<Option<Vec<u8>>, DistributedError> {
         let inner = &self.manager.inner;
         let key = &self.key;
@@ -356,29 +373,15 @@ macro_rules! operations {
         $(#[$doc:meta])*
         fn $name:ident($($arg:ident: $ty:ty),*) -> $out:ty = $op:expr;
     )*) => {
-        impl<B: Backend> RemoteBucket<B> {
+        impl<B: Backend, A: Answer> RemoteBucket<B, A> {
             $(
                 $(#[$doc])*
                 ///
                 /// # Errors
                 /// Invalid arguments ([`DistributedError::Operation`], checked before any
                 /// round trip); format, timeout and backend errors.
-                pub async fn $name(&self, $($arg: $ty),*) -> Result<$out, DistributedError> {
-                    self.op($op).await.map(VerboseResult::into_value)
-                }
-            )*
-        }
-
-        impl<B: Backend> VerboseRemoteBucket<'_, B> {
-            $(
-                $(#[$doc])*
-                ///
-                /// Verbose form: also returns the configuration and state.
-                ///
-                /// # Errors
-                /// As the plain form.
-                pub async fn $name(&self, $($arg: $ty),*) -> Result<VerboseResult<$out>, DistributedError> {
-                    self.bucket.op($op).await
+                pub async fn $name(&self, $($arg: $ty),*) -> Result<A::Of<$out>, DistributedError> {
+                    self.op($op).await.map(A::from_verbose)
                 }
             )*
         }
@@ -559,59 +562,6 @@ operations! {
     /// ```
     fn reserve(tokens: u64, max_wait_nanos: u64) -> Option<u64> =
         ops::Reserve { tokens, max_wait_nanos };
-}
-
-/// The verbose form of a [`RemoteBucket`]: every call also returns the configuration and
-/// state snapshot ([`VerboseResult`]).
-///
-/// ```
-/// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
-/// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
-/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
-/// # let manager = ProxyManager::new(EmbeddedBackend::new());
-/// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(60))?).build()?;
-/// let bucket = manager.builder().build("k", move || config.clone())?;
-/// let v = bucket.verbose().try_consume_as_much_as_possible().await?;
-/// assert_eq!((*v.value(), v.state().bandwidths()[0].tokens()), (3, 0));
-/// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug)]
-pub struct VerboseRemoteBucket<'a, B> {
-    bucket: &'a RemoteBucket<B>,
-}
-
-impl<B: Backend> VerboseRemoteBucket<'_, B> {
-    /// Verbose [`RemoteBucket::replace_configuration`].
-    ///
-    /// # Errors
-    /// As the plain form.
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, TokensInheritanceStrategy};
-    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager}; use std::time::Duration;
-    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
-    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
-    /// # let small = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(100, Duration::from_secs(60))?).build()?;
-    /// # let big = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(200, Duration::from_secs(60))?).build()?;
-    /// let bucket = manager.builder().build("k", move || small.clone())?;
-    /// let v = bucket.verbose().replace_configuration(big.clone(), TokensInheritanceStrategy::AsIs).await?;
-    /// assert_eq!(v.configuration(), &big);
-    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub async fn replace_configuration(
-        &self,
-        configuration: BucketConfiguration,
-        strategy: TokensInheritanceStrategy,
-    ) -> Result<VerboseResult<()>, DistributedError> {
-        self.bucket
-            .run(
-                ReplaceJob(configuration, strategy),
-                Command::ReplaceConfiguration,
-            )
-            .await
-    }
 }
 
 /// The blocking form of a [`RemoteBucket`]; from [`RemoteBucket::blocking`].

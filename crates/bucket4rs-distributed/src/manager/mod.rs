@@ -24,7 +24,7 @@ use crate::key::{KeyPolicy, StorageKey};
 use batch::{Batching, Lane};
 use breaker::Breaker;
 pub use breaker::CircuitBreaker;
-pub use bucket::{BlockingRemoteBucket, RemoteBucket, RemoteBucketBuilder, VerboseRemoteBucket};
+pub use bucket::{BlockingRemoteBucket, RemoteBucket, RemoteBucketBuilder};
 
 /// Where remote buckets read `now` from.
 ///
@@ -65,15 +65,6 @@ impl TimeSource {
     /// ```
     pub fn client(clock: impl Clock + Send + Sync + 'static) -> Self {
         Self(Some(Arc::new(clock)))
-    }
-
-    /// Whether this is the backend's clock.
-    ///
-    /// ```
-    /// assert!(bucket4rs_distributed::TimeSource::backend().is_backend());
-    /// ```
-    pub fn is_backend(&self) -> bool {
-        self.0.is_none()
     }
 }
 

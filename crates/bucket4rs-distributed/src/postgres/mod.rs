@@ -204,19 +204,6 @@ impl PostgresBackend {
         Ok(backend)
     }
 
-    /// The options in use.
-    ///
-    /// ```no_run
-    /// # use bucket4rs_distributed::{PostgresBackend, PostgresOptions};
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let backend = PostgresBackend::connect("postgres://postgres@127.0.0.1/test", PostgresOptions::default()).await?;
-    /// assert_eq!(backend.options().table_name(), "bucket4rs_buckets");
-    /// # Ok(()) }
-    /// ```
-    pub fn options(&self) -> &PostgresOptions {
-        &self.inner.options
-    }
-
     /// Creates the table if it does not exist (idempotent, safe to run from many processes
     /// at once: serialised by an advisory lock).
     ///

@@ -379,15 +379,14 @@ impl<'r> LayerEngine<'r> {
                         est.remaining_tokens()
                     ));
                 }
-                let retry = est
-                    .nanos_to_wait_for_refill()
+                let retry = (est.wait_for_refill().as_nanos() as u64)
                     .div_ceil(1_000_000_000)
                     .max(1);
                 if header("retry-after") != Some(retry.to_string()) {
                     return disagree(format!(
                         "429 with Retry-After {:?}, the store waits {} ns",
                         header("retry-after"),
-                        est.nanos_to_wait_for_refill()
+                        est.wait_for_refill().as_nanos() as u64
                     ));
                 }
                 let body: Value = serde_json::from_slice(r.body()).map_err(text)?;
@@ -406,7 +405,7 @@ impl<'r> LayerEngine<'r> {
                 Ok(ConsumptionProbe::new(
                     false,
                     est.remaining_tokens(),
-                    est.nanos_to_wait_for_refill(),
+                    est.wait_for_refill().as_nanos() as u64,
                     exact.until_full,
                 ))
             }
@@ -449,7 +448,7 @@ impl<'r> LayerEngine<'r> {
                 Ok(ConsumptionProbe::new(
                     false,
                     est.remaining_tokens(),
-                    est.nanos_to_wait_for_refill(),
+                    est.wait_for_refill().as_nanos() as u64,
                     exact.until_full,
                 ))
             }
