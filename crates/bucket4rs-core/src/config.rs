@@ -36,10 +36,6 @@ pub enum RefillKind {
 
 impl RefillKind {
     /// `true` for the two interval kinds.
-    ///
-    /// ```
-    /// assert!(!bucket4rs_core::RefillKind::Greedy.is_interval());
-    /// ```
     pub(crate) const fn is_interval(self) -> bool {
         !matches!(self, Self::Greedy)
     }
@@ -223,7 +219,7 @@ impl Bandwidth {
 /// Builder for a [`Bandwidth`]: a capacity and one refill are required.
 ///
 /// ```
-/// use bucket4rs_core::Bandwidth;
+/// use bucket4rs_core::{Bandwidth, RefillKind};
 /// use core::time::Duration;
 ///
 /// // Refill 400 tokens at the top of every hour, starting full.
@@ -232,7 +228,7 @@ impl Bandwidth {
 ///     .capacity(400)
 ///     .refill_intervally_aligned(400, Duration::from_secs(3600), top_of_hour)
 ///     .build()?;
-/// assert!(b.refill_kind().is_interval());
+/// assert!(matches!(b.refill_kind(), RefillKind::IntervallyAligned { .. }));
 /// # Ok::<(), bucket4rs_core::ConfigError>(())
 /// ```
 #[derive(Clone, Debug, Default)]

@@ -43,11 +43,6 @@ impl Default for BucketBuilder {
 
 impl BucketBuilder {
     /// A builder with no limits, the [`FastClock`] and no listener.
-    ///
-    /// ```
-    /// use bucket4rs_local::BucketBuilder;
-    /// assert!(BucketBuilder::new().build().is_err()); // no limits
-    /// ```
     pub(crate) fn new() -> Self {
         Self {
             limits: Vec::new(),

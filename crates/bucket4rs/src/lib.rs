@@ -159,10 +159,11 @@
 pub use bucket4rs_core as core;
 
 pub use bucket4rs_core::{
-    Bandwidth, BandwidthBuilder, BandwidthState, BucketConfiguration, BucketListener, BucketState,
-    Clock, ConfigError, ConfigurationBuilder, ConsumptionProbe, EstimationProbe, MAX_NANOS,
-    ManualClock, MonotonicClock, NoopListener, OperationError, RefillKind, StateError,
-    SystemMillisClock, SystemNanosClock, TokensInheritanceStrategy, VerboseResult,
+    Answer, Bandwidth, BandwidthBuilder, BandwidthState, BucketConfiguration, BucketListener,
+    BucketState, Clock, ConfigError, ConfigurationBuilder, ConsumptionProbe, EstimationProbe,
+    MAX_NANOS, ManualClock, MonotonicClock, NoopListener, OperationError, Plain, RefillKind,
+    StateError, SystemMillisClock, SystemNanosClock, TokensInheritanceStrategy, Verbose,
+    VerboseResult,
 };
 
 #[cfg(feature = "local")]
@@ -170,7 +171,6 @@ pub use bucket4rs_local::{
     AnyStorage, Bucket, BucketBuilder, BucketSnapshot, FastClock, KeyedBucket, KeyedBucketBuilder,
     KeyedError, LockFree, LockFreeBucket, NewStorage, Storage, SynchronizationStrategy,
     Synchronized, SynchronizedBucket, UnknownStrategy, UnsyncBucket, Unsynchronized, VerboseBucket,
-    VerboseKeyedBucket,
 };
 
 /// Blocking consumption (feature `blocking`).

@@ -71,6 +71,9 @@ impl<B: Backend> RemoteBucketBuilder<B> {
 /// A bucket stored in a backend, with the local bucket API.
 ///
 /// Every call is one atomic transaction on the backend, bounded by the manager's timeout.
+/// `A` is how it answers ([`Answer`]): [`Plain`] values by default, or on the view
+/// [`verbose`](RemoteBucket::verbose) gives, [`Verbose`] results with the configuration and
+/// state (a signature's `A::Of<T>` is `T` on a plain bucket).
 ///
 /// ```
 /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};

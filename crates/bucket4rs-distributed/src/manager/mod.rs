@@ -40,8 +40,8 @@ pub use bucket::{BlockingRemoteBucket, RemoteBucket, RemoteBucketBuilder};
 /// use bucket4rs_distributed::TimeSource;
 /// use bucket4rs_core::ManualClock;
 /// let t = TimeSource::client(ManualClock::new(0));
-/// assert!(!t.is_backend());
-/// assert!(TimeSource::backend().is_backend());
+/// assert_eq!(format!("{t:?}"), "TimeSource::Client { wall_clock_based: false }");
+/// assert_eq!(format!("{:?}", TimeSource::backend()), "TimeSource::Backend");
 /// ```
 #[derive(Clone)]
 pub struct TimeSource(Option<Arc<dyn Clock + Send + Sync>>);
@@ -50,7 +50,8 @@ impl TimeSource {
     /// The backend's clock.
     ///
     /// ```
-    /// assert!(bucket4rs_distributed::TimeSource::backend().is_backend());
+    /// let t = bucket4rs_distributed::TimeSource::backend();
+    /// assert_eq!(format!("{t:?}"), "TimeSource::Backend");
     /// ```
     pub fn backend() -> Self {
         Self(None)
@@ -61,7 +62,7 @@ impl TimeSource {
     /// ```
     /// # use bucket4rs_distributed::TimeSource;
     /// let t = TimeSource::client(bucket4rs_core::SystemNanosClock);
-    /// # assert!(!t.is_backend());
+    /// assert_eq!(format!("{t:?}"), "TimeSource::Client { wall_clock_based: true }");
     /// ```
     pub fn client(clock: impl Clock + Send + Sync + 'static) -> Self {
         Self(Some(Arc::new(clock)))

@@ -10,7 +10,7 @@ use bucket4rs_core::{
 use dashmap::DashMap;
 
 use super::plans::Plans;
-use super::{DefaultHasher, KeyedBucket, MIN_SWEEP_INTERVAL, PerKey, Source};
+use super::{DefaultHasher, KeyedBucket, MIN_SWEEP_INTERVAL, PerKey, Shared, Source};
 use crate::clock::FastClock;
 
 /// Builds a [`KeyedBucket`]: the limits of every key (as for a
@@ -301,7 +301,7 @@ impl<K: Hash + Eq, C: Clock, L: BucketListener, S: BuildHasher + Clone>
                 Source::One(config)
             }
         };
-        Ok(KeyedBucket {
+        Ok(KeyedBucket::from_shared(Shared {
             map: DashMap::with_hasher(self.hasher),
             plans: Plans::default(),
             source,
@@ -312,7 +312,7 @@ impl<K: Hash + Eq, C: Clock, L: BucketListener, S: BuildHasher + Clone>
             max_keys: self.max_keys,
             len: AtomicUsize::new(0),
             next_sweep: AtomicUsize::new(MIN_SWEEP_INTERVAL),
-        })
+        }))
     }
 }
 
@@ -324,7 +324,7 @@ impl<K: Hash + Eq, C: Clock> KeyedBucket<K, C> {
         if max_keys == Some(0) {
             return Err(ConfigError::ZeroMaxKeys);
         }
-        Ok(KeyedBucket {
+        Ok(KeyedBucket::from_shared(Shared {
             map: DashMap::with_hasher(DefaultHasher::default()),
             plans: Plans::default(),
             source: Source::Stored,
@@ -335,6 +335,6 @@ impl<K: Hash + Eq, C: Clock> KeyedBucket<K, C> {
             max_keys,
             len: AtomicUsize::new(0),
             next_sweep: AtomicUsize::new(MIN_SWEEP_INTERVAL),
-        })
+        }))
     }
 }

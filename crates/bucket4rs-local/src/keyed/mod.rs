@@ -24,17 +24,18 @@ mod builder;
 mod entry;
 mod error;
 mod plans;
-mod verbose;
 
 use core::borrow::Borrow;
 use core::fmt;
 use core::hash::{BuildHasher, Hash};
+use core::marker::PhantomData;
 use core::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use bucket4rs_core::ops::{self, Operation};
 use bucket4rs_core::{
-    BucketConfiguration, BucketListener, BucketState, Clock, ConsumptionProbe, EstimationProbe,
-    OperationError, TokensInheritanceStrategy, VerboseResult,
+    Answer, BucketConfiguration, BucketListener, BucketState, Clock, ConsumptionProbe,
+    EstimationProbe, OperationError, Plain, TokensInheritanceStrategy, Verbose, VerboseResult,
 };
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as MapEntry;
@@ -43,7 +44,6 @@ pub use builder::KeyedBucketBuilder;
 use entry::{Entry, Recreated, Stop};
 pub use error::KeyedError;
 use plans::Plans;
-pub use verbose::VerboseKeyedBucket;
 
 use crate::bucket::BucketSnapshot;
 use crate::clock::FastClock;
@@ -97,7 +97,9 @@ pub enum Update {
 /// ([`KeyedBucketBuilder::configuration_per_key`]). Buckets run the same exact core math as a
 /// [`Bucket`](crate::Bucket), on the lock-free compact word where it applies; memory stays
 /// bounded by dropping buckets that a fresh one would replace exactly, plus an optional key
-/// cap ([`KeyedBucketBuilder::max_keys`]). Listeners see every key's operations.
+/// cap ([`KeyedBucketBuilder::max_keys`]). Listeners see every key's operations. `A` is how it
+/// answers, as for [`Bucket`](crate::Bucket): [`Plain`] values, or on the view
+/// [`as_verbose`](KeyedBucket::as_verbose) gives, [`Verbose`] results.
 ///
 /// ```
 /// use bucket4rs_local::KeyedBucket;
@@ -111,7 +113,13 @@ pub enum Update {
 /// assert!(per_client.try_consume("bob", 1)?); // bob has a bucket of his own
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct KeyedBucket<K, C = FastClock, L = NoopListener, S = DefaultHasher> {
+pub struct KeyedBucket<K, C = FastClock, L = NoopListener, S = DefaultHasher, A = Plain> {
+    shared: Arc<Shared<K, C, L, S>>,
+    answer: PhantomData<fn() -> A>,
+}
+
+/// What a keyed bucket and its verbose view share.
+struct Shared<K, C, L, S> {
     map: DashMap<K, Entry, S>,
     plans: Plans,
     source: Source<K>,
@@ -126,12 +134,21 @@ pub struct KeyedBucket<K, C = FastClock, L = NoopListener, S = DefaultHasher> {
     next_sweep: AtomicUsize,
 }
 
-impl<K, C: fmt::Debug, L, S> fmt::Debug for KeyedBucket<K, C, L, S> {
+impl<K, C, L, S> KeyedBucket<K, C, L, S> {
+    fn from_shared(shared: Shared<K, C, L, S>) -> Self {
+        Self {
+            shared: Arc::new(shared),
+            answer: PhantomData,
+        }
+    }
+}
+
+impl<K, C: fmt::Debug, L, S, A> fmt::Debug for KeyedBucket<K, C, L, S, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedBucket")
-            .field("keys", &self.len.load(Ordering::Relaxed))
-            .field("max_keys", &self.max_keys)
-            .field("clock", &self.clock)
+            .field("keys", &self.shared.len.load(Ordering::Relaxed))
+            .field("max_keys", &self.shared.max_keys)
+            .field("clock", &self.shared.clock)
             .finish_non_exhaustive()
     }
 }
@@ -154,12 +171,13 @@ impl KeyedBucket<()> {
     }
 }
 
-impl<K, C, L, S> KeyedBucket<K, C, L, S>
+impl<K, C, L, S, A> KeyedBucket<K, C, L, S, A>
 where
     K: Hash + Eq,
     C: Clock,
     L: BucketListener,
     S: BuildHasher + Clone,
+    A: Answer,
 {
     /// Runs any core [`Operation`] on `key`'s bucket (the typed methods are shorthands),
     /// notifying the listener once the change is committed.
@@ -176,18 +194,31 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
-    pub fn execute<Q, O>(&self, key: &Q, op: O) -> Result<O::Output, KeyedError>
+    pub fn execute<Q, O>(&self, key: &Q, op: O) -> Result<A::Of<O::Output>, KeyedError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
         O: Operation,
     {
-        let now = self.clock.now_nanos();
-        let out = self.run(key, &op, now)?;
-        // Committed: a panicking listener cannot corrupt the bucket.
-        op.notify(&out, &self.listener);
-        Ok(out)
+        A::pick(
+            op,
+            |op| {
+                let now = self.shared.clock.now_nanos();
+                let out = self.run(key, &op, now)?;
+                // Committed: a panicking listener cannot corrupt the bucket.
+                op.notify(&out, &self.shared.listener);
+                Ok(out)
+            },
+            |op| {
+                let now = self.shared.clock.now_nanos();
+                let op = ops::Verbose(op);
+                let ((value, state), config) =
+                    self.run_with(key, now, |e, plans| e.run_with_config(plans, &op, now))?;
+                op.0.notify(&value, &self.shared.listener);
+                Ok(VerboseResult::new(value, config, state, now))
+            },
+        )
     }
 
     /// `op` on `key`'s bucket at `now`: in place for a known key, else the slow paths.
@@ -216,8 +247,8 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        if let Some(entry) = self.map.get(key) {
-            match run(&entry, &self.plans) {
+        if let Some(entry) = self.shared.map.get(key) {
+            match run(&entry, &self.shared.plans) {
                 Ok(out) => return Ok(out),
                 Err(Stop::Invalid(e)) => return Err(e.into()),
                 Err(Stop::Upgrade) => {}
@@ -241,8 +272,8 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        if let Some(mut entry) = self.map.get_mut(key) {
-            return exclusive(&mut entry, &self.plans, now, run);
+        if let Some(mut entry) = self.shared.map.get_mut(key) {
+            return exclusive(&mut entry, &self.shared.plans, now, run);
         }
         let owned: K = key.to_owned().into();
         let config = self.configuration_for(&owned)?;
@@ -254,15 +285,15 @@ where
             fresh.clone(),
             false,
         )));
-        let out = run(&probe, &self.plans).map_err(stop)?;
+        let out = run(&probe, &self.shared.plans).map_err(stop)?;
         let unchanged = probe
-            .snapshot(&self.plans, now)
+            .snapshot(&self.shared.plans, now)
             .is_some_and(|(_, s)| s == fresh);
         if unchanged && fresh.forgettable_at(&config, now) == Some(now) {
             return Ok(out);
         }
         self.insert(owned, &config, fresh, now, |entry, _| {
-            exclusive(entry, &self.plans, now, run)
+            exclusive(entry, &self.shared.plans, now, run)
         })
     }
 
@@ -280,13 +311,13 @@ where
         let mut state = Some(state);
         let mut swept = false;
         loop {
-            match self.map.entry(key) {
+            match self.shared.map.entry(key) {
                 MapEntry::Occupied(mut o) => return f(o.get_mut(), false),
                 MapEntry::Vacant(v) => {
                     if !self.count_key() {
                         if swept {
                             return Err(KeyedError::TooManyKeys {
-                                max: self.max_keys.unwrap_or(usize::MAX),
+                                max: self.shared.max_keys.unwrap_or(usize::MAX),
                             });
                         }
                         // Sweeping takes every shard's lock: let go of this one first.
@@ -298,12 +329,18 @@ where
                     let state = state
                         .take()
                         .unwrap_or_else(|| BucketState::new(config, now));
-                    let entry = Entry::new(&self.plans, config, state, now, self.monotonic);
+                    let entry = Entry::new(
+                        &self.shared.plans,
+                        config,
+                        state,
+                        now,
+                        self.shared.monotonic,
+                    );
                     let mut stored = v.insert(entry);
                     let result = f(&mut stored, true);
                     drop(stored);
-                    let grown = self.len.load(Ordering::Relaxed);
-                    if grown > self.next_sweep.load(Ordering::Relaxed) {
+                    let grown = self.shared.len.load(Ordering::Relaxed);
+                    if grown > self.shared.next_sweep.load(Ordering::Relaxed) {
                         self.sweep_at(now);
                     }
                     return result;
@@ -314,12 +351,13 @@ where
 
     /// Counts one more key, within the cap.
     fn count_key(&self) -> bool {
-        match self.max_keys {
+        match self.shared.max_keys {
             None => {
-                self.len.fetch_add(1, Ordering::Relaxed);
+                self.shared.len.fetch_add(1, Ordering::Relaxed);
                 true
             }
             Some(max) => self
+                .shared
                 .len
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                     (n < max).then_some(n + 1)
@@ -330,19 +368,19 @@ where
 
     /// The configuration a key without a bucket gets.
     fn configuration_for(&self, key: &K) -> Result<BucketConfiguration, KeyedError> {
-        let config = match &self.source {
+        let config = match &self.shared.source {
             Source::One(config) => return Ok(config.clone()),
             Source::PerKey(f) => f(key).ok_or(KeyedError::UnknownKey)?,
             Source::Stored => return Err(KeyedError::UnknownKey),
         };
-        config.check_clock(self.wall_clock)?;
+        config.check_clock(self.shared.wall_clock)?;
         Ok(config)
     }
 
     /// The configuration a key would get now, if any (for forgetting: a bucket is dropped only
     /// if it would be recreated from the same configuration).
     fn source_of(&self, key: &K) -> Recreated {
-        match &self.source {
+        match &self.shared.source {
             Source::One(config) => Recreated::With(config.clone()),
             Source::PerKey(f) => f(key).map_or(Recreated::Never, Recreated::With),
             Source::Stored => Recreated::Same,
@@ -368,18 +406,18 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn sweep(&self) -> usize {
-        self.sweep_at(self.clock.now_nanos())
+        self.sweep_at(self.shared.clock.now_nanos())
     }
 
     fn sweep_at(&self, now: i64) -> usize {
         let mut dropped = 0;
-        self.map.retain(|key, entry| {
-            let keep = !entry.forgettable(&self.plans, now, &self.source_of(key));
+        self.shared.map.retain(|key, entry| {
+            let keep = !entry.forgettable(&self.shared.plans, now, &self.source_of(key));
             dropped += usize::from(!keep);
             keep
         });
-        let left = self.len.fetch_sub(dropped, Ordering::Relaxed) - dropped;
-        self.next_sweep.store(
+        let left = self.shared.len.fetch_sub(dropped, Ordering::Relaxed) - dropped;
+        self.shared.next_sweep.store(
             left.saturating_mul(2).max(MIN_SWEEP_INTERVAL),
             Ordering::Relaxed,
         );
@@ -400,7 +438,7 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
-    pub fn try_consume<Q>(&self, key: &Q, tokens: u64) -> Result<bool, KeyedError>
+    pub fn try_consume<Q>(&self, key: &Q, tokens: u64) -> Result<A::Of<bool>, KeyedError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
@@ -430,7 +468,7 @@ where
         &self,
         key: &Q,
         tokens: u64,
-    ) -> Result<ConsumptionProbe, KeyedError>
+    ) -> Result<A::Of<ConsumptionProbe>, KeyedError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
@@ -455,7 +493,7 @@ where
         &self,
         key: &Q,
         tokens: u64,
-    ) -> Result<EstimationProbe, KeyedError>
+    ) -> Result<A::Of<EstimationProbe>, KeyedError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
@@ -477,7 +515,7 @@ where
     /// assert_eq!(limiter.available_tokens("k")?, 2);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn add_tokens<Q>(&self, key: &Q, tokens: u64) -> Result<(), KeyedError>
+    pub fn add_tokens<Q>(&self, key: &Q, tokens: u64) -> Result<A::Of<()>, KeyedError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
@@ -498,7 +536,7 @@ where
     /// assert_eq!(limiter.available_tokens("k")?, 15);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn force_add_tokens<Q>(&self, key: &Q, tokens: u64) -> Result<(), KeyedError>
+    pub fn force_add_tokens<Q>(&self, key: &Q, tokens: u64) -> Result<A::Of<()>, KeyedError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
@@ -520,7 +558,7 @@ where
     /// assert_eq!(limiter.available_tokens("k")?, 5);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn reset<Q>(&self, key: &Q) -> Result<(), KeyedError>
+    pub fn reset<Q>(&self, key: &Q) -> Result<A::Of<()>, KeyedError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
@@ -540,7 +578,7 @@ where
     /// assert_eq!(limiter.available_tokens("new key")?, 5);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn available_tokens<Q>(&self, key: &Q) -> Result<i64, KeyedError>
+    pub fn available_tokens<Q>(&self, key: &Q) -> Result<A::Of<i64>, KeyedError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned + ?Sized,
@@ -549,6 +587,64 @@ where
         self.execute(key, ops::AvailableTokens)
     }
 
+    /// Runs `f` on `key`'s configuration and state (`None`: no bucket), at the reading it is
+    /// given, with exclusive access to the key, and stores what it answers. For the callers
+    /// that keep a configuration per key themselves (see `Source::Stored`).
+    pub(crate) fn update<Q, T>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(Option<(&BucketConfiguration, &BucketState)>, i64) -> (T, Update),
+    ) -> Result<T, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        let now = self.shared.clock.now_nanos();
+        let (plans, monotonic) = (&self.shared.plans, self.shared.monotonic);
+        // Room is made before the key's shard is locked (a sweep locks every shard).
+        if self.shared.max_keys.is_some_and(|max| self.len() >= max) {
+            self.sweep_at(now);
+        }
+        let owned: K = key.to_owned().into();
+        let out = match self.shared.map.entry(owned) {
+            MapEntry::Occupied(mut o) => {
+                let Some((config, state)) = o.get().snapshot(plans, now) else {
+                    return Err(KeyedError::UnknownKey);
+                };
+                let (out, update) = f(Some((&config, &state)), now);
+                if let Update::Put(config, state) = update {
+                    *o.get_mut() = Entry::new(plans, &config, state, now, monotonic);
+                }
+                return Ok(out);
+            }
+            MapEntry::Vacant(v) => {
+                let (out, update) = f(None, now);
+                if let Update::Put(config, state) = update {
+                    if !self.count_key() {
+                        return Err(KeyedError::TooManyKeys {
+                            max: self.shared.max_keys.unwrap_or(usize::MAX),
+                        });
+                    }
+                    v.insert(Entry::new(plans, &config, state, now, monotonic));
+                }
+                out
+            }
+        };
+        if self.len() > self.shared.next_sweep.load(Ordering::Relaxed) {
+            self.sweep_at(now);
+        }
+        Ok(out)
+    }
+}
+
+impl<K, C, L, S> KeyedBucket<K, C, L, S>
+where
+    K: Hash + Eq,
+    C: Clock,
+    L: BucketListener,
+    S: BuildHasher + Clone,
+{
     /// Replaces `key`'s configuration, carrying its tokens over by `strategy` (a key without a
     /// bucket gets one, from its configuration, first). A bucket with a replaced configuration
     /// is only forgotten once the key's configuration source answers that configuration again.
@@ -579,15 +675,15 @@ where
         Q: Hash + Eq + ToOwned + ?Sized,
         Q::Owned: Into<K>,
     {
-        config.check_clock(self.wall_clock)?;
-        let now = self.clock.now_nanos();
-        let wall = self.wall_clock;
+        config.check_clock(self.shared.wall_clock)?;
+        let now = self.shared.clock.now_nanos();
+        let wall = self.shared.wall_clock;
         let replace = |old: &BucketConfiguration, state: &BucketState| {
             let new = state.replace_configuration(old, &config, now, strategy, wall)?;
             Ok((config.clone(), new))
         };
-        let (plans, monotonic) = (&self.plans, self.monotonic);
-        if let Some(mut entry) = self.map.get_mut(key) {
+        let (plans, monotonic) = (&self.shared.plans, self.shared.monotonic);
+        if let Some(mut entry) = self.shared.map.get_mut(key) {
             return Ok(entry.replace(plans, now, monotonic, replace)?);
         }
         // A key without a bucket: its bucket is created and replaced at once.
@@ -619,9 +715,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let now = self.clock.now_nanos();
-        let entry = self.map.get(key)?;
-        let (config, state) = entry.snapshot(&self.plans, now)?;
+        let now = self.shared.clock.now_nanos();
+        let entry = self.shared.map.get(key)?;
+        let (config, state) = entry.snapshot(&self.shared.plans, now)?;
         Some(BucketSnapshot::new(config, state))
     }
 
@@ -640,61 +736,11 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let removed = self.map.remove(key).is_some();
+        let removed = self.shared.map.remove(key).is_some();
         if removed {
-            self.len.fetch_sub(1, Ordering::Relaxed);
+            self.shared.len.fetch_sub(1, Ordering::Relaxed);
         }
         removed
-    }
-
-    /// Runs `f` on `key`'s configuration and state (`None`: no bucket), at the reading it is
-    /// given, with exclusive access to the key, and stores what it answers. For the callers
-    /// that keep a configuration per key themselves (see `Source::Stored`).
-    pub(crate) fn update<Q, T>(
-        &self,
-        key: &Q,
-        f: impl FnOnce(Option<(&BucketConfiguration, &BucketState)>, i64) -> (T, Update),
-    ) -> Result<T, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
-        let now = self.clock.now_nanos();
-        let (plans, monotonic) = (&self.plans, self.monotonic);
-        // Room is made before the key's shard is locked (a sweep locks every shard).
-        if self.max_keys.is_some_and(|max| self.len() >= max) {
-            self.sweep_at(now);
-        }
-        let owned: K = key.to_owned().into();
-        let out = match self.map.entry(owned) {
-            MapEntry::Occupied(mut o) => {
-                let Some((config, state)) = o.get().snapshot(plans, now) else {
-                    return Err(KeyedError::UnknownKey);
-                };
-                let (out, update) = f(Some((&config, &state)), now);
-                if let Update::Put(config, state) = update {
-                    *o.get_mut() = Entry::new(plans, &config, state, now, monotonic);
-                }
-                return Ok(out);
-            }
-            MapEntry::Vacant(v) => {
-                let (out, update) = f(None, now);
-                if let Update::Put(config, state) = update {
-                    if !self.count_key() {
-                        return Err(KeyedError::TooManyKeys {
-                            max: self.max_keys.unwrap_or(usize::MAX),
-                        });
-                    }
-                    v.insert(Entry::new(plans, &config, state, now, monotonic));
-                }
-                out
-            }
-        };
-        if self.len() > self.next_sweep.load(Ordering::Relaxed) {
-            self.sweep_at(now);
-        }
-        Ok(out)
     }
 
     /// The verbose view: the same operations, each answering a [`VerboseResult`] with the
@@ -707,29 +753,15 @@ where
     /// assert_eq!((*r.value(), r.available_tokens()), (true, 3));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn as_verbose(&self) -> VerboseKeyedBucket<'_, K, C, L, S> {
-        VerboseKeyedBucket { keyed: self }
-    }
-
-    /// `op` verbosely: its value, the configuration, the state after it and the reading.
-    fn execute_verbose<Q, O>(&self, key: &Q, op: O) -> Result<VerboseResult<O::Output>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-        O: Operation,
-    {
-        let now = self.clock.now_nanos();
-        let op = ops::Verbose(op);
-        let (out, config) =
-            self.run_with(key, now, |e, plans| e.run_with_config(plans, &op, now))?;
-        op.notify(&out, &self.listener);
-        let (value, state) = out;
-        Ok(VerboseResult::new(value, config, state, now))
+    pub fn as_verbose(&self) -> KeyedBucket<K, C, L, S, Verbose> {
+        KeyedBucket {
+            shared: Arc::clone(&self.shared),
+            answer: PhantomData,
+        }
     }
 }
 
-impl<K, C, L, S> KeyedBucket<K, C, L, S> {
+impl<K, C, L, S, A> KeyedBucket<K, C, L, S, A> {
     /// How many keys have a bucket.
     ///
     /// ```
@@ -741,7 +773,7 @@ impl<K, C, L, S> KeyedBucket<K, C, L, S> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed)
+        self.shared.len.load(Ordering::Relaxed)
     }
 
     /// Whether no key has a bucket.
@@ -768,7 +800,7 @@ impl<K, C, L, S> KeyedBucket<K, C, L, S> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn clock(&self) -> &C {
-        &self.clock
+        &self.shared.clock
     }
 
     /// The listener.
@@ -780,7 +812,7 @@ impl<K, C, L, S> KeyedBucket<K, C, L, S> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn listener(&self) -> &L {
-        &self.listener
+        &self.shared.listener
     }
 }
 
