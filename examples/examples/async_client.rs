@@ -53,7 +53,7 @@ async fn run(out: &mut dyn Write) -> Outcome {
         tasks.push(tokio::spawn(async move {
             let patient = id % 5 != 4;
             let allowed = if patient {
-                limiter.as_async().consume(1).await.map(|()| true)
+                limiter.as_async().consume(1).await.map(|_waited| true)
             } else {
                 limiter
                     .as_async()

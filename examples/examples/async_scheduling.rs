@@ -46,7 +46,7 @@ async fn run(out: &mut dyn Write) -> Outcome {
                     .as_async()
                     .consume(1)
                     .await
-                    .map(|()| (n, start.elapsed()))
+                    .map(|_waited| (n, start.elapsed()))
             })
         })
         .collect();

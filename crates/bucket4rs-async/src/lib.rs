@@ -38,7 +38,7 @@
 //! `let f = bucket.as_async().consume(1);` does not compile (`E0716`): bind the view first.
 //! [`AsyncBucket`] shows both, with examples.
 //!
-//! [`AsyncBucket::as_verbose`] gives [`VerboseAsyncBucket`], whose waits also answer the
+//! [`AsyncBucket::as_verbose`] gives the same view answering verbosely: its waits answer the
 //! `VerboseResult` of their reservation.
 //!
 //! No runtime is required: a [`Sleeper`] is any `Fn(Duration) -> impl Future<Output = ()>`,
@@ -79,4 +79,4 @@ pub use sleep::Sleeper;
 #[cfg(feature = "tokio")]
 #[cfg_attr(bucket4rs_docsrs, doc(cfg(feature = "tokio")))]
 pub use sleep::{TokioClock, TokioSleeper};
-pub use view::{AsyncBucket, AsyncBucketExt, VerboseAsyncBucket};
+pub use view::{AsyncBucket, AsyncBucketExt};

@@ -2,7 +2,9 @@
 
 use core::time::Duration;
 
-use bucket4rs_core::{BucketListener, Clock, OperationError, VerboseResult};
+use core::marker::PhantomData;
+
+use bucket4rs_core::{Answer, BucketListener, Clock, OperationError, Plain, Verbose};
 use bucket4rs_local::{Bucket, Storage};
 
 use crate::sleep::Sleeper;
@@ -69,17 +71,23 @@ use crate::sleep::Sleeper;
 /// assert_eq!(bucket.available_tokens(), 0);
 /// # Ok(()) }
 /// ```
+///
+/// `A` is how the view answers, as for the bucket: [`Plain`] values, or on the view
+/// [`as_verbose`](AsyncBucket::as_verbose) gives, [`Verbose`] results of each wait's
+/// reservation.
 #[derive(Debug)]
-pub struct AsyncBucket<'a, B: ?Sized, Z> {
+pub struct AsyncBucket<'a, B: ?Sized, Z, A = Plain> {
     bucket: &'a B,
     sleeper: Z,
+    answer: PhantomData<fn() -> A>,
 }
 
-impl<B: ?Sized, Z: Clone> Clone for AsyncBucket<'_, B, Z> {
+impl<B: ?Sized, Z: Clone, A> Clone for AsyncBucket<'_, B, Z, A> {
     fn clone(&self) -> Self {
         Self {
             bucket: self.bucket,
             sleeper: self.sleeper.clone(),
+            answer: PhantomData,
         }
     }
 }
@@ -100,9 +108,15 @@ impl<'a, B: ?Sized, Z> AsyncBucket<'a, B, Z> {
     /// }
     /// ```
     pub fn new(bucket: &'a B, sleeper: Z) -> Self {
-        Self { bucket, sleeper }
+        Self {
+            bucket,
+            sleeper,
+            answer: PhantomData,
+        }
     }
+}
 
+impl<'a, B: ?Sized, Z, A> AsyncBucket<'a, B, Z, A> {
     /// The bucket behind the view, for its non-waiting API.
     ///
     /// ```
@@ -155,13 +169,16 @@ impl<S: Storage, C: Clock, L: BucketListener> Drop for Refund<'_, S, C, L> {
     }
 }
 
-impl<'a, S: Storage, C: Clock, L: BucketListener, Z: Sleeper> AsyncBucket<'a, Bucket<S, C, L>, Z> {
+impl<S: Storage, C: Clock, L: BucketListener, Z: Sleeper, A: Answer>
+    AsyncBucket<'_, Bucket<S, C, L>, Z, A>
+{
     /// Consumes `tokens`, waiting (asynchronously) as long as needed; `tokens` may exceed the
     /// capacity, the debt being paid by waiting.
     ///
     /// The future is lazy: it reserves the tokens when first polled (so callers queue in the
     /// order they are first polled) and then sleeps for the reservation's wait. Listener:
-    /// `on_consumed(tokens)`, then `on_delayed(nanos)` when it must wait.
+    /// `on_consumed(tokens)`, then `on_delayed(nanos)` when it must wait. Answers the wait it
+    /// slept for.
     ///
     /// **Cancellation safe.** Dropping the future after it reserved and before it completed
     /// gives all the reserved tokens back with `add_tokens` (never above capacity) and the
@@ -187,10 +204,15 @@ impl<'a, S: Storage, C: Clock, L: BucketListener, Z: Sleeper> AsyncBucket<'a, Bu
     ///     Ok(())
     /// }
     /// ```
-    pub async fn consume(&self, tokens: u64) -> Result<(), OperationError> {
-        let wait = self.bucket.consume_ignoring_rate_limits(tokens)?;
+    pub async fn consume(&self, tokens: u64) -> Result<A::Of<Duration>, OperationError> {
+        let reserved = A::pick(
+            tokens,
+            |t| self.bucket.consume_ignoring_rate_limits(t),
+            |t| self.bucket.as_verbose().consume_ignoring_rate_limits(t),
+        )?;
+        let wait = *A::value(&reserved);
         wait_reserved(self.bucket, &self.sleeper, tokens, wait).await;
-        Ok(())
+        Ok(reserved)
     }
 
     /// Consumes `tokens` if the wait for them is at most `max_wait`, then waits that long;
@@ -225,18 +247,27 @@ impl<'a, S: Storage, C: Clock, L: BucketListener, Z: Sleeper> AsyncBucket<'a, Bu
         &self,
         tokens: u64,
         max_wait: Duration,
-    ) -> Result<bool, OperationError> {
-        match self.bucket.reserve(tokens, max_wait)? {
-            None => Ok(false),
-            Some(wait) => {
-                wait_reserved(self.bucket, &self.sleeper, tokens, wait).await;
-                Ok(true)
-            }
+    ) -> Result<A::Of<bool>, OperationError> {
+        let reserved = A::pick(
+            tokens,
+            |t| self.bucket.reserve(t, max_wait),
+            |t| self.bucket.as_verbose().reserve(t, max_wait),
+        )?;
+        if let Some(wait) = *A::value(&reserved) {
+            wait_reserved(self.bucket, &self.sleeper, tokens, wait).await;
         }
+        Ok(A::map(reserved, |w| w.is_some()))
     }
+}
 
+impl<'a, S: Storage, C: Clock, L: BucketListener, Z: Sleeper> AsyncBucket<'a, Bucket<S, C, L>, Z> {
     /// The verbose view of this async view (Bucket4j's `asScheduler().asVerbose()`): the
-    /// same waits, each also answering the [`VerboseResult`] of its reservation.
+    /// same waits, each answering the [`VerboseResult`](bucket4rs_core::VerboseResult) of its
+    /// **reservation**, then sleeping as the plain view does (lazily, and cancellation safe,
+    /// the same way). The result describes the reservation, made when the future is first
+    /// polled: its configuration, the state it left (possibly in debt, which the sleep pays)
+    /// and its clock reading. A future dropped mid-sleep gives its tokens back and yields no
+    /// result.
     ///
     /// ```
     /// use bucket4rs_async::AsyncBucketExt;
@@ -254,13 +285,14 @@ impl<'a, S: Storage, C: Clock, L: BucketListener, Z: Sleeper> AsyncBucket<'a, Bu
     ///     Ok(())
     /// }
     /// ```
-    pub fn as_verbose(&self) -> VerboseAsyncBucket<'a, S, C, L, Z>
+    pub fn as_verbose(&self) -> AsyncBucket<'a, Bucket<S, C, L>, Z, Verbose>
     where
         Z: Clone,
     {
-        VerboseAsyncBucket {
+        AsyncBucket {
             bucket: self.bucket,
             sleeper: self.sleeper.clone(),
+            answer: PhantomData,
         }
     }
 }
@@ -283,106 +315,6 @@ async fn wait_reserved<S: Storage, C: Clock, L: BucketListener, Z: Sleeper>(
     };
     sleeper.sleep(wait).await;
     refund.armed = false;
-}
-
-/// The verbose async view of a bucket ([`AsyncBucket::as_verbose`]): the waits of
-/// [`AsyncBucket`], each answering a [`VerboseResult`] of its **reservation**, then sleeping
-/// as the plain view does (lazily, and cancellation safe, the same way).
-///
-/// The verbose result describes the reservation, made when the future is first polled: its
-/// configuration, the state it left (possibly in debt, which the sleep pays) and its clock
-/// reading. [`consume`](Self::consume)'s value is the `Duration` it slept (zero when it did
-/// not wait), [`try_consume`](Self::try_consume)'s whether it took the tokens. A future
-/// dropped mid-sleep gives its tokens back and yields no result.
-///
-/// ```
-/// use bucket4rs_async::AsyncBucketExt;
-/// use bucket4rs_local::Bucket;
-/// use std::time::Duration;
-///
-/// #[tokio::main(flavor = "current_thread")]
-/// async fn main() -> Result<(), Box<dyn std::error::Error>> {
-///     let bucket = Bucket::builder()
-///         .add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(50)))
-///         .build()?;
-///     let verbose = bucket.with_sleeper(tokio::time::sleep).as_verbose();
-///     let r = verbose.try_consume(5, Duration::from_millis(1)).await?;
-///     assert!(*r.value());
-///     assert_eq!(r.available_tokens_per_bandwidth(), [0]);
-///     Ok(())
-/// }
-/// ```
-#[derive(Debug, Clone)]
-pub struct VerboseAsyncBucket<'a, S, C, L, Z> {
-    bucket: &'a Bucket<S, C, L>,
-    sleeper: Z,
-}
-
-impl<S: Storage, C: Clock, L: BucketListener, Z: Sleeper> VerboseAsyncBucket<'_, S, C, L, Z> {
-    /// [`AsyncBucket::consume`], verbosely: the value is how long the call slept.
-    ///
-    /// # Errors
-    /// As for [`AsyncBucket::consume`]; nothing is consumed then.
-    ///
-    /// ```
-    /// use bucket4rs_async::AsyncBucketExt;
-    /// use bucket4rs_local::Bucket;
-    /// use std::time::Duration;
-    ///
-    /// #[tokio::main(flavor = "current_thread")]
-    /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    ///     let bucket = Bucket::builder()
-    ///         .add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_millis(200)))
-    ///         .build()?;
-    ///     let r = bucket.with_sleeper(tokio::time::sleep).as_verbose().consume(3).await?;
-    ///     assert_eq!(*r.value(), Duration::from_millis(100));
-    ///     assert_eq!(r.time_until_full(), Duration::from_millis(300));
-    ///     Ok(())
-    /// }
-    /// ```
-    pub async fn consume(&self, tokens: u64) -> Result<VerboseResult<Duration>, OperationError> {
-        let r = self
-            .bucket
-            .as_verbose()
-            .consume_ignoring_rate_limits(tokens)?;
-        wait_reserved(self.bucket, &self.sleeper, tokens, *r.value()).await;
-        Ok(r)
-    }
-
-    /// [`AsyncBucket::try_consume`], verbosely: the value says whether the tokens were taken.
-    ///
-    /// # Errors
-    /// As for [`AsyncBucket::try_consume`]; nothing is consumed then.
-    ///
-    /// ```
-    /// use bucket4rs_async::AsyncBucketExt;
-    /// use bucket4rs_local::Bucket;
-    /// use std::time::Duration;
-    ///
-    /// #[tokio::main(flavor = "current_thread")]
-    /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    ///     let bucket = Bucket::builder()
-    ///         .add_limit(|l| l.capacity(5).refill_greedy(5, Duration::from_secs(50)))
-    ///         .build()?;
-    ///     let verbose = bucket.with_sleeper(tokio::time::sleep).as_verbose();
-    ///     verbose.try_consume(5, Duration::from_millis(1)).await?;
-    ///     let refused = verbose.try_consume(1, Duration::from_millis(1)).await?; // needs 10 s
-    ///     assert!(!*refused.value());
-    ///     assert_eq!(refused.available_tokens(), 0);
-    ///     Ok(())
-    /// }
-    /// ```
-    pub async fn try_consume(
-        &self,
-        tokens: u64,
-        max_wait: Duration,
-    ) -> Result<VerboseResult<bool>, OperationError> {
-        let r = self.bucket.as_verbose().reserve(tokens, max_wait)?;
-        if let Some(wait) = *r.value() {
-            wait_reserved(self.bucket, &self.sleeper, tokens, wait).await;
-        }
-        Ok(r.map(|w| w.is_some()))
-    }
 }
 
 /// Adds async views to the buckets of `bucket4rs-local`.

@@ -55,7 +55,7 @@
 //! `on_consumed`.
 //!
 //! # Verbose waits
-//! [`BlockingBucket::as_verbose`] gives [`VerboseBlockingBucket`], whose waits also answer the
+//! [`BlockingBucket::as_verbose`] gives the same view answering verbosely: its waits answer the
 //! `VerboseResult` of their reservation (the state right after the tokens were taken, before
 //! the park), as Bucket4j's `asBlocking().asVerbose()`.
 //!
@@ -81,4 +81,4 @@ mod park;
 mod view;
 
 pub use park::{CancelToken, Interrupted, ManualClockPark, ParkStrategy, ThreadPark};
-pub use view::{BlockingBucket, BlockingBucketExt, VerboseBlockingBucket, WaitError};
+pub use view::{BlockingBucket, BlockingBucketExt, WaitError};

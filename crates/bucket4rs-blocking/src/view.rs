@@ -2,9 +2,10 @@
 
 use core::convert::Infallible;
 use core::fmt;
+use core::marker::PhantomData;
 use core::time::Duration;
 
-use bucket4rs_core::{BucketListener, Clock, OperationError, VerboseResult};
+use bucket4rs_core::{Answer, BucketListener, Clock, OperationError, Plain, Verbose};
 use bucket4rs_local::{Bucket, Storage};
 
 use crate::guard;
@@ -78,18 +79,23 @@ impl core::error::Error for WaitError {
 /// assert!(blocking.try_consume(1, Duration::from_millis(100))?); // waits ~10 ms
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// `A` is how the view answers, as for the bucket: [`Plain`] values, or on the view
+/// [`as_verbose`](BlockingBucket::as_verbose) gives, [`Verbose`] results of each wait's
+/// reservation.
 #[derive(Debug)]
-pub struct BlockingBucket<'a, B: ?Sized> {
+pub struct BlockingBucket<'a, B: ?Sized, A = Plain> {
     bucket: &'a B,
+    answer: PhantomData<fn() -> A>,
 }
 
-impl<B: ?Sized> Clone for BlockingBucket<'_, B> {
+impl<B: ?Sized, A> Clone for BlockingBucket<'_, B, A> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<B: ?Sized> Copy for BlockingBucket<'_, B> {}
+impl<B: ?Sized, A> Copy for BlockingBucket<'_, B, A> {}
 
 impl<'a, B: ?Sized> BlockingBucket<'a, B> {
     /// The blocking view of `bucket`.
@@ -104,9 +110,14 @@ impl<'a, B: ?Sized> BlockingBucket<'a, B> {
     /// ```
     pub fn new(bucket: &'a B) -> Self {
         guard::check_thread();
-        Self { bucket }
+        Self {
+            bucket,
+            answer: PhantomData,
+        }
     }
+}
 
+impl<'a, B: ?Sized, A> BlockingBucket<'a, B, A> {
     /// The bucket behind the view, for its non-blocking API.
     ///
     /// ```
@@ -126,13 +137,35 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-impl<'a, S: Storage, C: Clock, L: BucketListener> BlockingBucket<'a, Bucket<S, C, L>> {
+impl<S: Storage, C: Clock, L: BucketListener, A: Answer> BlockingBucket<'_, Bucket<S, C, L>, A> {
+    /// Reserves `tokens` whatever the wait (the plain or the verbose reservation).
+    fn reserve_all(&self, tokens: u64) -> Result<A::Of<Duration>, OperationError> {
+        A::pick(
+            tokens,
+            |t| self.bucket.consume_ignoring_rate_limits(t),
+            |t| self.bucket.as_verbose().consume_ignoring_rate_limits(t),
+        )
+    }
+
+    /// Reserves `tokens` when the wait is at most `max_wait`.
+    fn reserve_within(
+        &self,
+        tokens: u64,
+        max_wait: Duration,
+    ) -> Result<A::Of<Option<Duration>>, OperationError> {
+        A::pick(
+            tokens,
+            |t| self.bucket.reserve(t, max_wait),
+            |t| self.bucket.as_verbose().reserve(t, max_wait),
+        )
+    }
+
     /// Consumes `tokens`, parking the thread (never spinning) for as long as needed. `tokens`
     /// may exceed the capacity: the debt is paid by waiting. Tokens are reserved before the
     /// wait, so a later caller queues behind this one and `available_tokens` shows the debt.
     ///
     /// Listener: `on_consumed(tokens)`, then, when it must wait, `on_before_parking(nanos)`
-    /// and `on_parked(nanos)`.
+    /// and `on_parked(nanos)`. Answers the wait it parked for.
     ///
     /// # Errors
     /// [`OperationError::ZeroTokens`], or [`OperationError::WaitTooLong`] when the wait would
@@ -152,10 +185,10 @@ impl<'a, S: Storage, C: Clock, L: BucketListener> BlockingBucket<'a, Bucket<S, C
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[doc(alias = "consume_uninterruptibly")]
-    pub fn consume(&self, tokens: u64) -> Result<(), OperationError> {
-        let wait = self.bucket.consume_ignoring_rate_limits(tokens)?;
-        match park_reserved(self.bucket, tokens, wait, sleep) {
-            Ok(()) => Ok(()),
+    pub fn consume(&self, tokens: u64) -> Result<A::Of<Duration>, OperationError> {
+        let reserved = self.reserve_all(tokens)?;
+        match park_reserved(self.bucket, tokens, *A::value(&reserved), sleep) {
+            Ok(()) => Ok(reserved),
             Err(never) => match never {},
         }
     }
@@ -185,14 +218,19 @@ impl<'a, S: Storage, C: Clock, L: BucketListener> BlockingBucket<'a, Bucket<S, C
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[doc(alias = "try_consume_uninterruptibly")]
-    pub fn try_consume(&self, tokens: u64, max_wait: Duration) -> Result<bool, OperationError> {
-        match self.bucket.reserve(tokens, max_wait)? {
-            None => Ok(false),
-            Some(wait) => match park_reserved(self.bucket, tokens, wait, sleep) {
-                Ok(()) => Ok(true),
+    pub fn try_consume(
+        &self,
+        tokens: u64,
+        max_wait: Duration,
+    ) -> Result<A::Of<bool>, OperationError> {
+        let reserved = self.reserve_within(tokens, max_wait)?;
+        if let Some(wait) = *A::value(&reserved) {
+            match park_reserved(self.bucket, tokens, wait, sleep) {
+                Ok(()) => {}
                 Err(never) => match never {},
-            },
+            }
         }
+        Ok(A::map(reserved, |w| w.is_some()))
     }
 
     /// [`consume`](Self::consume) with a park strategy, e.g. a [`CancelToken`](crate::CancelToken)
@@ -226,10 +264,10 @@ impl<'a, S: Storage, C: Clock, L: BucketListener> BlockingBucket<'a, Bucket<S, C
         &self,
         tokens: u64,
         park: &P,
-    ) -> Result<(), WaitError> {
-        let wait = self.bucket.consume_ignoring_rate_limits(tokens)?;
-        park_reserved(self.bucket, tokens, wait, |d| park.park(d))?;
-        Ok(())
+    ) -> Result<A::Of<Duration>, WaitError> {
+        let reserved = self.reserve_all(tokens)?;
+        park_reserved(self.bucket, tokens, *A::value(&reserved), |d| park.park(d))?;
+        Ok(reserved)
     }
 
     /// [`try_consume`](Self::try_consume) with a park strategy; a failing strategy cancels the
@@ -261,18 +299,28 @@ impl<'a, S: Storage, C: Clock, L: BucketListener> BlockingBucket<'a, Bucket<S, C
         tokens: u64,
         max_wait: Duration,
         park: &P,
-    ) -> Result<bool, WaitError> {
-        match self.bucket.reserve(tokens, max_wait)? {
-            None => Ok(false),
-            Some(wait) => {
-                park_reserved(self.bucket, tokens, wait, |d| park.park(d))?;
-                Ok(true)
-            }
+    ) -> Result<A::Of<bool>, WaitError> {
+        let reserved = self.reserve_within(tokens, max_wait)?;
+        if let Some(wait) = *A::value(&reserved) {
+            park_reserved(self.bucket, tokens, wait, |d| park.park(d))?;
         }
+        Ok(A::map(reserved, |w| w.is_some()))
     }
+}
 
+impl<'a, S: Storage, C: Clock, L: BucketListener> BlockingBucket<'a, Bucket<S, C, L>> {
     /// The verbose view of this blocking view (Bucket4j's `asBlocking().asVerbose()`): the
-    /// same waits, each also answering the [`VerboseResult`] of its reservation.
+    /// same waits, each answering the [`VerboseResult`](bucket4rs_core::VerboseResult) of its
+    /// **reservation**, then parking as the plain view does.
+    ///
+    /// A wait is two steps: the reservation takes the tokens at once (possibly into debt) and
+    /// says how long until they are paid for; then the thread parks that long. The verbose
+    /// result describes the first step: its configuration, the state the reservation left and
+    /// the clock reading it ran at, so `available_tokens` is negative by the debt this call
+    /// (and the callers queued before it) is still paying, and `time_until_full` counts from
+    /// the reservation. Read the bucket again after the call for its state once the park is
+    /// over. An interrupted wait returns [`WaitError::Interrupted`] (its tokens given back),
+    /// not a verbose result.
     ///
     /// ```
     /// use bucket4rs_blocking::{BlockingBucketExt, ManualClockPark};
@@ -290,9 +338,10 @@ impl<'a, S: Storage, C: Clock, L: BucketListener> BlockingBucket<'a, Bucket<S, C
     /// assert_eq!(r.available_tokens(), -2); // the debt at the reservation, paid by the park
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn as_verbose(&self) -> VerboseBlockingBucket<'a, S, C, L> {
-        VerboseBlockingBucket {
+    pub fn as_verbose(&self) -> BlockingBucket<'a, Bucket<S, C, L>, Verbose> {
+        BlockingBucket {
             bucket: self.bucket,
+            answer: PhantomData,
         }
     }
 }
@@ -328,199 +377,6 @@ fn park_reserved<S: Storage, C: Clock, L: BucketListener, E>(
 fn sleep(d: Duration) -> Result<(), Infallible> {
     ThreadPark.sleep(d);
     Ok(())
-}
-
-/// The verbose blocking view of a bucket
-/// ([`BlockingBucket::as_verbose`]): the waits of [`BlockingBucket`], each answering a
-/// [`VerboseResult`] of its **reservation**, then parking as the plain view does.
-///
-/// A wait is two steps: the reservation takes the tokens at once (possibly into debt) and
-/// says how long until they are paid for; then the thread parks that long. The verbose result
-/// describes the first step: its configuration, the state the reservation left and the clock
-/// reading it ran at, so [`available_tokens`](VerboseResult::available_tokens) is negative by
-/// the debt this call (and the callers queued before it) is still paying, and
-/// [`time_until_full`](VerboseResult::time_until_full) counts from the reservation. Read the
-/// bucket again after the call for its state once the park is over.
-///
-/// | method | value |
-/// |---|---|
-/// | [`consume`](Self::consume), [`consume_with`](Self::consume_with) | the `Duration` the call parked (zero when it did not wait) |
-/// | [`try_consume`](Self::try_consume), [`try_consume_with`](Self::try_consume_with) | whether the tokens were taken (`false`: refused at once, nothing taken) |
-///
-/// An interrupted wait returns [`WaitError::Interrupted`] (its tokens given back), not a
-/// verbose result.
-///
-/// ```
-/// use bucket4rs_blocking::BlockingBucketExt;
-/// use bucket4rs_local::Bucket;
-/// use std::time::Duration;
-///
-/// let bucket = Bucket::builder()
-///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
-///     .build()?;
-/// let verbose = bucket.as_blocking().as_verbose();
-/// let r = verbose.try_consume(4, Duration::from_millis(1))?;
-/// assert!(*r.value());
-/// assert_eq!(r.available_tokens_per_bandwidth(), [6]);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug)]
-pub struct VerboseBlockingBucket<'a, S, C, L> {
-    bucket: &'a Bucket<S, C, L>,
-}
-
-impl<S, C, L> Clone for VerboseBlockingBucket<'_, S, C, L> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<S, C, L> Copy for VerboseBlockingBucket<'_, S, C, L> {}
-
-impl<S: Storage, C: Clock, L: BucketListener> VerboseBlockingBucket<'_, S, C, L> {
-    /// [`BlockingBucket::consume`], verbosely: the value is how long the call parked.
-    ///
-    /// # Errors
-    /// As for [`BlockingBucket::consume`]; nothing is consumed then.
-    ///
-    /// ```
-    /// use bucket4rs_blocking::BlockingBucketExt;
-    /// use bucket4rs_local::Bucket;
-    /// use std::time::Duration;
-    ///
-    /// let bucket = Bucket::builder()
-    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_millis(100)))
-    ///     .build()?;
-    /// let r = bucket.as_blocking().as_verbose().consume(12)?; // 2 tokens of debt: 20 ms
-    /// assert_eq!(*r.value(), Duration::from_millis(20));
-    /// assert_eq!(r.available_tokens(), -2);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn consume(&self, tokens: u64) -> Result<VerboseResult<Duration>, OperationError> {
-        let r = self
-            .bucket
-            .as_verbose()
-            .consume_ignoring_rate_limits(tokens)?;
-        match park_reserved(self.bucket, tokens, *r.value(), sleep) {
-            Ok(()) => Ok(r),
-            Err(never) => match never {},
-        }
-    }
-
-    /// [`BlockingBucket::try_consume`], verbosely: the value says whether the tokens were
-    /// taken.
-    ///
-    /// # Errors
-    /// As for [`BlockingBucket::try_consume`]; nothing is consumed then.
-    ///
-    /// ```
-    /// use bucket4rs_blocking::BlockingBucketExt;
-    /// use bucket4rs_local::Bucket;
-    /// use std::time::Duration;
-    ///
-    /// let bucket = Bucket::builder()
-    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(10)))
-    ///     .build()?;
-    /// let verbose = bucket.as_blocking().as_verbose();
-    /// assert!(*verbose.try_consume(10, Duration::from_millis(1))?.value());
-    /// let refused = verbose.try_consume(1, Duration::from_millis(10))?; // needs a second
-    /// assert!(!*refused.value());
-    /// assert_eq!(refused.available_tokens(), 0);
-    /// assert!(refused.time_until_full() > Duration::from_secs(9)); // the clock is real
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn try_consume(
-        &self,
-        tokens: u64,
-        max_wait: Duration,
-    ) -> Result<VerboseResult<bool>, OperationError> {
-        let (r, wait) = self.reserve(tokens, max_wait)?;
-        match wait.map(|w| park_reserved(self.bucket, tokens, w, sleep)) {
-            None | Some(Ok(())) => Ok(r),
-            Some(Err(never)) => match never {},
-        }
-    }
-
-    /// [`BlockingBucket::consume_with`], verbosely: the value is how long the call parked.
-    ///
-    /// # Errors
-    /// As for [`BlockingBucket::consume_with`].
-    ///
-    /// ```
-    /// use bucket4rs_blocking::{BlockingBucketExt, ManualClockPark};
-    /// use bucket4rs_local::{Bucket, ManualClock};
-    /// use std::time::Duration;
-    ///
-    /// let clock = ManualClock::new(0);
-    /// let bucket = Bucket::builder()
-    ///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
-    ///     .with_clock(clock.clone())
-    ///     .build()?;
-    /// let park = ManualClockPark::new(clock);
-    /// let r = bucket.as_blocking().as_verbose().consume_with(3, &park)?;
-    /// assert_eq!(*r.value(), Duration::from_secs(2));
-    /// assert_eq!(r.time_until_full(), Duration::from_secs(3));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn consume_with<P: ParkStrategy + ?Sized>(
-        &self,
-        tokens: u64,
-        park: &P,
-    ) -> Result<VerboseResult<Duration>, WaitError> {
-        let r = self
-            .bucket
-            .as_verbose()
-            .consume_ignoring_rate_limits(tokens)?;
-        park_reserved(self.bucket, tokens, *r.value(), |d| park.park(d))?;
-        Ok(r)
-    }
-
-    /// [`BlockingBucket::try_consume_with`], verbosely: the value says whether the tokens
-    /// were taken.
-    ///
-    /// # Errors
-    /// As for [`BlockingBucket::try_consume_with`].
-    ///
-    /// ```
-    /// use bucket4rs_blocking::{BlockingBucketExt, ManualClockPark};
-    /// use bucket4rs_local::{Bucket, ManualClock};
-    /// use std::time::Duration;
-    ///
-    /// let clock = ManualClock::new(0);
-    /// let bucket = Bucket::builder()
-    ///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
-    ///     .with_clock(clock.clone())
-    ///     .build()?;
-    /// let park = ManualClockPark::new(clock);
-    /// let verbose = bucket.as_blocking().as_verbose();
-    /// let r = verbose.try_consume_with(2, Duration::from_secs(1), &park)?;
-    /// assert_eq!((*r.value(), r.available_tokens()), (true, -1));
-    /// assert_eq!(park.parks(), [Duration::from_secs(1)]);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn try_consume_with<P: ParkStrategy + ?Sized>(
-        &self,
-        tokens: u64,
-        max_wait: Duration,
-        park: &P,
-    ) -> Result<VerboseResult<bool>, WaitError> {
-        let (r, wait) = self.reserve(tokens, max_wait)?;
-        if let Some(w) = wait {
-            park_reserved(self.bucket, tokens, w, |d| park.park(d))?;
-        }
-        Ok(r)
-    }
-
-    /// The verbose reservation: whether it took the tokens, and the wait when it did.
-    fn reserve(
-        &self,
-        tokens: u64,
-        max_wait: Duration,
-    ) -> Result<(VerboseResult<bool>, Option<Duration>), OperationError> {
-        let r = self.bucket.as_verbose().reserve(tokens, max_wait)?;
-        let wait = *r.value();
-        Ok((r.map(|w| w.is_some()), wait))
-    }
 }
 
 /// Adds [`as_blocking`](BlockingBucketExt::as_blocking) to the buckets of `bucket4rs-local`.

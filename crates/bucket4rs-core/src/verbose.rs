@@ -259,6 +259,10 @@ pub trait Answer: sealed::Sealed + Send + Sync + 'static {
     /// Maps the value inside an answer.
     #[doc(hidden)]
     fn map<T, U>(answer: Self::Of<T>, f: impl FnOnce(T) -> U) -> Self::Of<U>;
+
+    /// The value inside an answer.
+    #[doc(hidden)]
+    fn value<T>(answer: &Self::Of<T>) -> &T;
 }
 
 /// The plain [`Answer`]: each operation answers its value.
@@ -305,6 +309,11 @@ impl Answer for Plain {
     fn map<T, U>(answer: T, f: impl FnOnce(T) -> U) -> U {
         f(answer)
     }
+
+    #[inline(always)]
+    fn value<T>(answer: &T) -> &T {
+        answer
+    }
 }
 
 impl Answer for Verbose {
@@ -327,5 +336,10 @@ impl Answer for Verbose {
     #[inline]
     fn map<T, U>(answer: VerboseResult<T>, f: impl FnOnce(T) -> U) -> VerboseResult<U> {
         answer.map(f)
+    }
+
+    #[inline]
+    fn value<T>(answer: &VerboseResult<T>) -> &T {
+        answer.value()
     }
 }

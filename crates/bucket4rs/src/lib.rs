@@ -125,8 +125,8 @@
 //! | Bucket4j | bucket4rs | notes |
 //! |---|---|---|
 //! | `bucket.asVerbose()` | [`Bucket::as_verbose`] → [`VerboseBucket`] | every operation of the bucket, each answering a [`VerboseResult`] (`replace_configuration` included) |
-//! | `asBlocking().asVerbose()` | [`blocking::BlockingBucket::as_verbose`] → [`blocking::VerboseBlockingBucket`] | the result of the reservation, before the park |
-//! | `asScheduler()` with verbose results | [`asynchronous::AsyncBucket::as_verbose`] → [`asynchronous::VerboseAsyncBucket`] | the result of the reservation, at the first poll |
+//! | `asBlocking().asVerbose()` | [`blocking::BlockingBucket::as_verbose`] → the same view with the [`Verbose`] answer | the result of the reservation, before the park |
+//! | `asScheduler()` with verbose results | [`asynchronous::AsyncBucket::as_verbose`] → the same view with the [`Verbose`] answer | the result of the reservation, at the first poll |
 //! | `result.getValue()`, `getConfiguration()`, `getState()`, `getOperationTimeNanos()` | [`VerboseResult::value`] (or `into_value`), [`VerboseResult::configuration`], [`VerboseResult::state`], [`VerboseResult::now_nanos`] | |
 //! | `result.getDiagnostics().getAvailableTokens()` | [`VerboseResult::available_tokens`] | the diagnostics are methods of the result |
 //! | `getDiagnostics().getAvailableTokensPerEachBandwidth()` | [`VerboseResult::available_tokens_per_bandwidth`] | |
