@@ -116,37 +116,6 @@ impl<'a, B: ?Sized, Z> AsyncBucket<'a, B, Z> {
     }
 }
 
-impl<'a, B: ?Sized, Z, A> AsyncBucket<'a, B, Z, A> {
-    /// The bucket behind the view, for its non-waiting API.
-    ///
-    /// ```
-    /// use bucket4rs_async::AsyncBucketExt;
-    /// use bucket4rs_local::Bucket;
-    /// use std::time::Duration;
-    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(3).refill_greedy(3, Duration::from_secs(1))).build()?;
-    /// assert_eq!(bucket.with_sleeper(tokio::time::sleep).bucket().available_tokens(), 3);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn bucket(&self) -> &'a B {
-        self.bucket
-    }
-
-    /// The sleeper.
-    ///
-    /// ```
-    /// use bucket4rs_async::{AsyncBucketExt, Sleeper};
-    /// use bucket4rs_local::Bucket;
-    /// use std::time::Duration;
-    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(3).refill_greedy(3, Duration::from_secs(1))).build()?;
-    /// let view = bucket.with_sleeper(|_: Duration| std::future::ready(()));
-    /// let _ready = view.sleeper().sleep(Duration::from_secs(1));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn sleeper(&self) -> &Z {
-        &self.sleeper
-    }
-}
-
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

@@ -87,15 +87,7 @@ pub struct ThreadPark;
 
 impl ThreadPark {
     /// Sleeps at least `duration` (infallible form of [`ParkStrategy::park`]).
-    ///
-    /// ```
-    /// use bucket4rs_blocking::ThreadPark;
-    /// use std::time::{Duration, Instant};
-    /// let start = Instant::now();
-    /// ThreadPark.sleep(Duration::from_millis(2));
-    /// assert!(start.elapsed() >= Duration::from_millis(2));
-    /// ```
-    pub fn sleep(&self, duration: Duration) {
+    pub(crate) fn sleep(&self, duration: Duration) {
         let start = Instant::now();
         loop {
             let elapsed = start.elapsed();
@@ -268,17 +260,6 @@ impl ManualClockPark {
             clock,
             parks: Mutex::new(Vec::new()),
         }
-    }
-
-    /// The clock it advances.
-    ///
-    /// ```
-    /// use bucket4rs_blocking::ManualClockPark;
-    /// use bucket4rs_local::{Clock, ManualClock};
-    /// assert_eq!(ManualClockPark::new(ManualClock::new(4)).clock().now_nanos(), 4);
-    /// ```
-    pub fn clock(&self) -> &ManualClock {
-        &self.clock
     }
 
     /// Every park so far, in order.

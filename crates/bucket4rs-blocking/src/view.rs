@@ -117,22 +117,6 @@ impl<'a, B: ?Sized> BlockingBucket<'a, B> {
     }
 }
 
-impl<'a, B: ?Sized, A> BlockingBucket<'a, B, A> {
-    /// The bucket behind the view, for its non-blocking API.
-    ///
-    /// ```
-    /// use bucket4rs_blocking::BlockingBucketExt;
-    /// use bucket4rs_local::Bucket;
-    /// use std::time::Duration;
-    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(3).refill_greedy(3, Duration::from_secs(1))).build()?;
-    /// assert_eq!(bucket.as_blocking().bucket().available_tokens(), 3);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn bucket(&self) -> &'a B {
-        self.bucket
-    }
-}
-
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

@@ -236,17 +236,6 @@ impl PlanTable {
         self.plans.iter().map(|(k, v)| (k.as_str(), v))
     }
 
-    /// How many keys are assigned a plan.
-    ///
-    /// ```
-    /// let t = bucket4rs_tower::PlanTable::from_toml("[plans.a]\nlimits = [\"5/s\"]\n[keys]\nx = \"a\"")?;
-    /// assert_eq!(t.key_count(), 1);
-    /// # Ok::<(), bucket4rs_tower::PlansError>(())
-    /// ```
-    pub fn key_count(&self) -> usize {
-        self.keys.len()
-    }
-
     /// Assigns `key` to plan `plan` (e.g. keys from a database).
     ///
     /// # Errors

@@ -136,16 +136,6 @@ impl PostgresOptions {
         Ok(self)
     }
 
-    /// The table name.
-    ///
-    /// ```
-    /// # use bucket4rs_distributed::PostgresOptions;
-    /// assert_eq!(PostgresOptions::default().table_name(), "bucket4rs_buckets");
-    /// ```
-    pub fn table_name(&self) -> &str {
-        &self.table
-    }
-
     /// Pool size (at least 1).
     ///
     /// ```
