@@ -198,6 +198,9 @@ impl<S: Storage, C: Clock, L: BucketListener, A: Answer> Bucket<S, C, L, A> {
     pub fn execute<O: Operation>(&self, op: O) -> Result<A::Of<O::Output>, OperationError> {
         A::pick(
             op,
+            // A closure does not inherit `inline(always)`: without it the plain path is a
+            // call of its own on every operation.
+            #[inline(always)]
             |op| {
                 let now = self.clock.now_nanos();
                 let out = self.storage.execute(&op, now)?;

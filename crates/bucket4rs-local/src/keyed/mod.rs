@@ -203,6 +203,9 @@ where
     {
         A::pick(
             op,
+            // A closure does not inherit `inline(always)`: without it the plain path is a
+            // call of its own on every operation.
+            #[inline(always)]
             |op| {
                 let now = self.shared.clock.now_nanos();
                 let out = self.run(key, &op, now)?;
