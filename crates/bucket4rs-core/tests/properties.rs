@@ -24,6 +24,11 @@ const MAX: i64 = i64::MAX;
 const MIN: i64 = i64::MIN;
 const MAXU: u64 = i64::MAX as u64;
 
+/// A wait in nanoseconds (every wait fits: at most `i64::MAX`).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).expect("a wait fits in u64")
+}
+
 fn proptest_config(cases: u32) -> ProptestConfig {
     ProptestConfig {
         cases,
@@ -924,31 +929,14 @@ impl Sim {
         match (op, got) {
             (Op::Probe(n), Ok(Out::Probe(p))) => {
                 if p.is_consumed() {
-                    prop_assert_eq!(p.wait_for_refill().as_nanos() as u64, 0);
+                    prop_assert_eq!(nanos(p.wait_for_refill()), 0);
                 } else {
-                    check_probe_wait(
-                        config,
-                        &before,
-                        now,
-                        *n,
-                        p.wait_for_refill().as_nanos() as u64,
-                    )?;
+                    check_probe_wait(config, &before, now, *n, nanos(p.wait_for_refill()))?;
                 }
-                check_reset_wait(
-                    config,
-                    &self.state,
-                    now,
-                    p.wait_for_reset().as_nanos() as u64,
-                )?;
+                check_reset_wait(config, &self.state, now, nanos(p.wait_for_reset()))?;
             }
             (Op::Estimate(n), Ok(Out::Estimate(p))) if !p.can_be_consumed() => {
-                check_probe_wait(
-                    config,
-                    &before,
-                    now,
-                    *n,
-                    p.wait_for_refill().as_nanos() as u64,
-                )?;
+                check_probe_wait(config, &before, now, *n, nanos(p.wait_for_refill()))?;
             }
             (Op::Ignoring(_), Ok(Out::Wait(w))) | (Op::Reserve(..), Ok(Out::Reserved(Some(w)))) => {
                 check_debt_wait(config, &self.state, now, w)?;
@@ -1152,13 +1140,13 @@ proptest! {
         let mut s = state.clone();
         match s.apply(&config, now, &ops::TryConsumeAndReturnRemaining(n)) {
             Ok(p) => {
-                refill_at(&s, p.wait_for_refill().as_nanos() as u64)?;
-                refill_at(&s, p.wait_for_reset().as_nanos() as u64)?;
+                refill_at(&s, nanos(p.wait_for_refill()))?;
+                refill_at(&s, nanos(p.wait_for_reset()))?;
             }
             Err(e) => prop_assert!(matches!(e, OperationError::ZeroTokens | OperationError::StateMismatch)),
         }
         if let Ok(p) = state.clone().apply(&config, now, &ops::EstimateAbilityToConsume(n)) {
-            refill_at(&state, p.wait_for_refill().as_nanos() as u64)?;
+            refill_at(&state, nanos(p.wait_for_refill()))?;
         }
         let mut s = state.clone();
         if let Ok(w) = s.apply(&config, now, &ops::ConsumeIgnoringRateLimits(n)) {
