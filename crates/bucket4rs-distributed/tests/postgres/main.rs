@@ -159,6 +159,11 @@ fn every_trace_replays_through_postgres_with_a_manual_client_clock() {
 
 const CHILD_ENV: &str = "BUCKET4RS_TEST_PG_CHILD";
 
+/// The call timeout of the managers whose tests are not about timeouts: the default second is
+/// too short for a statement on the shared server while the rest of the suite loads the
+/// machine (a replace once took longer in CI), and such a test must not fail for it.
+const PATIENT: Duration = Duration::from_secs(10);
+
 #[test]
 fn four_processes_share_one_key_and_grant_exactly_its_tokens() {
     let config = || simple(5_000, Duration::from_secs(1_000_000)); // no refill in the window
@@ -184,6 +189,7 @@ fn four_processes_share_one_key_and_grant_exactly_its_tokens() {
     let rt = runtime();
     let manager = rt.block_on(async {
         ProxyManager::configure(backend(&table).await)
+            .timeout(PATIENT)
             .build()
             .unwrap()
     });
@@ -224,6 +230,7 @@ async fn client_with(
     let backend = backend_with(table, options, &url()).await;
     let manager = ProxyManager::configure(backend.clone())
         .time_source(TimeSource::client(bucket4rs_core::SystemNanosClock))
+        .timeout(PATIENT)
         .build()
         .unwrap();
     (backend, manager)
@@ -575,6 +582,7 @@ fn expires_at_is_full_again_plus_the_margin_and_migrate_is_idempotent() {
         // and the checks below only allow for the time until the query reads it (up to 1 s).
         let manager = ProxyManager::configure(backend.clone())
             .ttl_margin(Duration::from_millis(2_000))
+            .timeout(PATIENT)
             .time_source(TimeSource::client(bucket4rs_core::ManualClock::new(
                 1_700_000_000_000_000_000,
             )))
@@ -624,6 +632,7 @@ fn the_reaper_deletes_expired_rows_and_never_a_live_one() {
         let backend = backend(&table).await;
         let manager = ProxyManager::configure(backend.clone())
             .ttl_margin(Duration::ZERO)
+            .timeout(PATIENT)
             .build()
             .unwrap();
         // 1 token per 10 ms: one consumed token → expires 10 ms later.
@@ -920,6 +929,7 @@ fn the_blocking_form_works_from_a_plain_thread() {
     let backend = rt.block_on(backend(&table));
     let manager = ProxyManager::configure(backend)
         .time_source(TimeSource::client(bucket4rs_core::SystemNanosClock))
+        .timeout(PATIENT)
         .build()
         .unwrap();
     let b: RemoteBucket<PostgresBackend> = manager
