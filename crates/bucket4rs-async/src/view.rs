@@ -141,6 +141,11 @@ impl<S: Storage, C: Clock, L: BucketListener> Drop for Refund<'_, S, C, L> {
 impl<S: Storage, C: Clock, L: BucketListener, Z: Sleeper, A: Answer>
     AsyncBucket<'_, Bucket<S, C, L>, Z, A>
 {
+    /// The bucket answering as this view does.
+    fn answering(&self) -> Bucket<&S, &C, &L, A> {
+        bucket4rs_local::__private::answering(self.bucket)
+    }
+
     /// Consumes `tokens`, waiting (asynchronously) as long as needed; `tokens` may exceed the
     /// capacity, the debt being paid by waiting.
     ///
@@ -174,11 +179,7 @@ impl<S: Storage, C: Clock, L: BucketListener, Z: Sleeper, A: Answer>
     /// }
     /// ```
     pub async fn consume(&self, tokens: u64) -> Result<A::Of<Duration>, OperationError> {
-        let reserved = A::pick(
-            tokens,
-            |t| self.bucket.consume_ignoring_rate_limits(t),
-            |t| self.bucket.as_verbose().consume_ignoring_rate_limits(t),
-        )?;
+        let reserved = self.answering().consume_ignoring_rate_limits(tokens)?;
         let wait = *A::value(&reserved);
         wait_reserved(self.bucket, &self.sleeper, tokens, wait).await;
         Ok(reserved)
@@ -217,11 +218,7 @@ impl<S: Storage, C: Clock, L: BucketListener, Z: Sleeper, A: Answer>
         tokens: u64,
         max_wait: Duration,
     ) -> Result<A::Of<bool>, OperationError> {
-        let reserved = A::pick(
-            tokens,
-            |t| self.bucket.reserve(t, max_wait),
-            |t| self.bucket.as_verbose().reserve(t, max_wait),
-        )?;
+        let reserved = self.answering().reserve(tokens, max_wait)?;
         if let Some(wait) = *A::value(&reserved) {
             wait_reserved(self.bucket, &self.sleeper, tokens, wait).await;
         }

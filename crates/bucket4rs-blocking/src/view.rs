@@ -122,26 +122,9 @@ fn nanos(d: Duration) -> u64 {
 }
 
 impl<S: Storage, C: Clock, L: BucketListener, A: Answer> BlockingBucket<'_, Bucket<S, C, L>, A> {
-    /// Reserves `tokens` whatever the wait (the plain or the verbose reservation).
-    fn reserve_all(&self, tokens: u64) -> Result<A::Of<Duration>, OperationError> {
-        A::pick(
-            tokens,
-            |t| self.bucket.consume_ignoring_rate_limits(t),
-            |t| self.bucket.as_verbose().consume_ignoring_rate_limits(t),
-        )
-    }
-
-    /// Reserves `tokens` when the wait is at most `max_wait`.
-    fn reserve_within(
-        &self,
-        tokens: u64,
-        max_wait: Duration,
-    ) -> Result<A::Of<Option<Duration>>, OperationError> {
-        A::pick(
-            tokens,
-            |t| self.bucket.reserve(t, max_wait),
-            |t| self.bucket.as_verbose().reserve(t, max_wait),
-        )
+    /// The bucket answering as this view does.
+    fn answering(&self) -> Bucket<&S, &C, &L, A> {
+        bucket4rs_local::__private::answering(self.bucket)
     }
 
     /// Consumes `tokens`, parking the thread (never spinning) for as long as needed. `tokens`
@@ -170,7 +153,7 @@ impl<S: Storage, C: Clock, L: BucketListener, A: Answer> BlockingBucket<'_, Buck
     /// ```
     #[doc(alias = "consume_uninterruptibly")]
     pub fn consume(&self, tokens: u64) -> Result<A::Of<Duration>, OperationError> {
-        let reserved = self.reserve_all(tokens)?;
+        let reserved = self.answering().consume_ignoring_rate_limits(tokens)?;
         match park_reserved(self.bucket, tokens, *A::value(&reserved), sleep) {
             Ok(()) => Ok(reserved),
             Err(never) => match never {},
@@ -207,7 +190,7 @@ impl<S: Storage, C: Clock, L: BucketListener, A: Answer> BlockingBucket<'_, Buck
         tokens: u64,
         max_wait: Duration,
     ) -> Result<A::Of<bool>, OperationError> {
-        let reserved = self.reserve_within(tokens, max_wait)?;
+        let reserved = self.answering().reserve(tokens, max_wait)?;
         if let Some(wait) = *A::value(&reserved) {
             match park_reserved(self.bucket, tokens, wait, sleep) {
                 Ok(()) => {}
@@ -249,7 +232,7 @@ impl<S: Storage, C: Clock, L: BucketListener, A: Answer> BlockingBucket<'_, Buck
         tokens: u64,
         park: &P,
     ) -> Result<A::Of<Duration>, WaitError> {
-        let reserved = self.reserve_all(tokens)?;
+        let reserved = self.answering().consume_ignoring_rate_limits(tokens)?;
         park_reserved(self.bucket, tokens, *A::value(&reserved), |d| park.park(d))?;
         Ok(reserved)
     }
@@ -284,7 +267,7 @@ impl<S: Storage, C: Clock, L: BucketListener, A: Answer> BlockingBucket<'_, Buck
         max_wait: Duration,
         park: &P,
     ) -> Result<A::Of<bool>, WaitError> {
-        let reserved = self.reserve_within(tokens, max_wait)?;
+        let reserved = self.answering().reserve(tokens, max_wait)?;
         if let Some(wait) = *A::value(&reserved) {
             park_reserved(self.bucket, tokens, wait, |d| park.park(d))?;
         }

@@ -528,6 +528,11 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn as_verbose(&self) -> VerboseBucket<'_, S, C, L> {
+        self.answering()
+    }
+
+    /// This bucket answering as `A`: the same storage, clock and listener.
+    pub(crate) fn answering<A: Answer>(&self) -> Bucket<&S, &C, &L, A> {
         Bucket::from_parts(&self.storage, &self.clock, &self.listener)
     }
 

@@ -65,15 +65,32 @@ pub use bucket4rs_core::{
 
 /// What the other bucket4rs crates need from this one, outside semver: the keyed bucket as a
 /// store of configurations and states its callers bring (the distributed crate's embedded
-/// backend). Not for use outside bucket4rs.
+/// backend), and a bucket answering as another `Answer` (the blocking and async views). Not
+/// for use outside bucket4rs.
 #[doc(hidden)]
 pub mod __private {
     use core::borrow::Borrow;
     use core::hash::{BuildHasher, Hash};
 
-    use bucket4rs_core::{BucketConfiguration, BucketListener, BucketState, Clock, ConfigError};
+    use bucket4rs_core::{
+        Answer, BucketConfiguration, BucketListener, BucketState, Clock, ConfigError,
+    };
 
+    use crate::bucket::Bucket;
     pub use crate::keyed::Update;
+    use crate::storage::Storage;
+
+    /// `bucket` answering as `A` (its storage, clock and listener): what the blocking and
+    /// async views, which carry an answer of their own, run their reservations on.
+    pub fn answering<S, C, L, A>(bucket: &Bucket<S, C, L>) -> Bucket<&S, &C, &L, A>
+    where
+        S: Storage,
+        C: Clock,
+        L: BucketListener,
+        A: Answer,
+    {
+        bucket.answering()
+    }
     use crate::keyed::{KeyedBucket, KeyedError};
 
     /// A keyed bucket whose keys' configurations come with [`update`] (none of its own): its

@@ -97,7 +97,14 @@ pub struct RemoteBucket<B, A = Plain> {
 
 impl<B, A> Clone for RemoteBucket<B, A> {
     fn clone(&self) -> Self {
-        Self {
+        self.answering()
+    }
+}
+
+impl<B, A> RemoteBucket<B, A> {
+    /// A handle on the same bucket answering as `A2`.
+    fn answering<A2>(&self) -> RemoteBucket<B, A2> {
+        RemoteBucket {
             manager: self.manager.clone(),
             key: self.key.clone(),
             supplier: Arc::clone(&self.supplier),
@@ -144,12 +151,7 @@ impl<B: Backend> RemoteBucket<B> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn verbose(&self) -> RemoteBucket<B, Verbose> {
-        RemoteBucket {
-            manager: self.manager.clone(),
-            key: self.key.clone(),
-            supplier: Arc::clone(&self.supplier),
-            answer: PhantomData,
-        }
+        self.answering()
     }
 
     /// A blocking view for code outside async contexts, driving calls on `handle`, which
