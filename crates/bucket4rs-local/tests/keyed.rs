@@ -226,6 +226,23 @@ fn a_state_the_word_cannot_hold_moves_the_key_to_a_bucket_of_its_own() {
     assert_eq!(verbose.time_until_full(), Duration::from_secs(8));
 }
 
+#[test]
+fn the_verbose_view_adds_and_resets_tokens_on_the_same_buckets() {
+    let clock = ManualClock::monotonic(0);
+    let keyed = limiter(&clock, &greedy(10, Duration::from_secs(10)));
+    let verbose = keyed.as_verbose();
+    assert!(*verbose.try_consume("k", 6).expect("valid").value());
+    let added = verbose.add_tokens("k", 2).expect("valid");
+    assert_eq!(added.available_tokens(), 6);
+    let forced = verbose.force_add_tokens("k", 10).expect("valid");
+    assert_eq!(forced.available_tokens_per_bandwidth(), [16]);
+    assert_eq!(keyed.available_tokens("k").expect("valid"), 16);
+    let reset = verbose.reset("k").expect("valid");
+    assert_eq!(reset.available_tokens(), 10);
+    assert_eq!(reset.time_until_full(), Duration::ZERO);
+    assert_eq!(keyed.available_tokens("k").expect("valid"), 10);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Many keys against one single-threaded bucket per key.
 // ---------------------------------------------------------------------------------------------

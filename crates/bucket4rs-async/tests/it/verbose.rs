@@ -74,3 +74,18 @@ async fn a_dropped_verbose_wait_gives_its_tokens_back() {
     assert!(abandoned.is_err());
     assert_eq!(bucket.available_tokens(), 5);
 }
+
+#[tokio::test(start_paused = true)]
+async fn plain_waits_answer_the_wait_they_slept() {
+    // 10 tokens, one every 100 ms.
+    let bucket = Bucket::builder()
+        .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
+        .with_clock(TokioClock::new())
+        .build()
+        .unwrap();
+    let plain = bucket.as_async();
+    let start = Instant::now();
+    assert_eq!(plain.consume(12).await.unwrap(), Duration::from_millis(200));
+    assert_eq!(plain.consume(1).await.unwrap(), Duration::from_millis(100));
+    assert_eq!(start.elapsed(), Duration::from_millis(300));
+}

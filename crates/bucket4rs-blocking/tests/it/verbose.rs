@@ -105,3 +105,20 @@ fn an_interrupted_verbose_wait_gives_its_tokens_back() {
         ]
     );
 }
+
+#[test]
+fn plain_waits_answer_the_wait_the_verbose_ones_report() {
+    // 10 tokens, one every 100 ms.
+    let (bucket, clock, _rec) = recorded(10, Duration::from_secs(1));
+    let park = ManualClockPark::new(clock.clone());
+    let blocking = bucket.as_blocking();
+    assert_eq!(
+        blocking.consume_with(12, &park).unwrap(),
+        Duration::from_millis(200)
+    );
+    assert_eq!(
+        blocking.consume_with(1, &park).unwrap(),
+        Duration::from_millis(100)
+    );
+    assert_eq!(clock.now_nanos(), 300_000_000);
+}
