@@ -150,14 +150,14 @@ fn main() {
     println!("stats: {:?}", backend.stats());
     // Leave no benchmark keys behind.
     rt.block_on(async {
-        if let Ok(client) = redis::Client::open(url.as_str()) {
-            if let Ok(mut c) = client.get_multiplexed_async_connection().await {
-                for k in 0..10_000 {
-                    let _: Result<i64, _> = redis::cmd("DEL")
-                        .arg(format!("{prefix}:k{k}"))
-                        .query_async(&mut c)
-                        .await;
-                }
+        if let Ok(client) = redis::Client::open(url.as_str())
+            && let Ok(mut c) = client.get_multiplexed_async_connection().await
+        {
+            for k in 0..10_000 {
+                let _: Result<i64, _> = redis::cmd("DEL")
+                    .arg(format!("{prefix}:k{k}"))
+                    .query_async(&mut c)
+                    .await;
             }
         }
     });

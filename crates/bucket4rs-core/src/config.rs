@@ -521,10 +521,10 @@ impl BucketConfiguration {
             return Err(ConfigError::NoBandwidths);
         }
         for (i, b) in bandwidths.iter().enumerate() {
-            if let Some(id) = &b.id {
-                if bandwidths[..i].iter().any(|o| o.id.as_deref() == Some(id)) {
-                    return Err(ConfigError::DuplicateId { id: id.clone() });
-                }
+            if let Some(id) = &b.id
+                && bandwidths[..i].iter().any(|o| o.id.as_deref() == Some(id))
+            {
+                return Err(ConfigError::DuplicateId { id: id.clone() });
             }
         }
         Ok(Self {

@@ -165,27 +165,26 @@ pub(crate) fn refill(b: &Bandwidth, st: BandwidthState, t: i64) -> BandwidthStat
     // s < C: the exact headroom C - s is in (0, 2^64).
     let headroom = b.capacity.wrapping_sub(s) as u64;
     // Fast path: T * d + e fits in u64 (the usual case).
-    if e >= 0 {
-        if let Some(v) = (b.refill_tokens as u64)
+    if e >= 0
+        && let Some(v) = (b.refill_tokens as u64)
             .checked_mul(d)
             .and_then(|x| x.checked_add(e as u64))
-        {
-            let (add, rem) = StrengthReducedU64::div_rem(v, b.period_divisor);
-            return if add >= headroom {
-                BandwidthState {
-                    last_refill,
-                    tokens: b.capacity,
-                    remainder: 0,
-                }
-            } else {
-                // s + add < C: the sum fits, and wrapping_add computes it exactly.
-                BandwidthState {
-                    last_refill,
-                    tokens: s.wrapping_add(add as i64),
-                    remainder: rem as i64,
-                }
-            };
-        }
+    {
+        let (add, rem) = StrengthReducedU64::div_rem(v, b.period_divisor);
+        return if add >= headroom {
+            BandwidthState {
+                last_refill,
+                tokens: b.capacity,
+                remainder: 0,
+            }
+        } else {
+            // s + add < C: the sum fits, and wrapping_add computes it exactly.
+            BandwidthState {
+                last_refill,
+                tokens: s.wrapping_add(add as i64),
+                remainder: rem as i64,
+            }
+        };
     }
     refill_wide(b, last_refill, s, e, d, headroom)
 }

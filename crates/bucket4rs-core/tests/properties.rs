@@ -679,24 +679,24 @@ fn check_probe_wait(
 ) -> Result<(), TestCaseError> {
     prop_assert!(w >= 1, "a rejected request reported a wait of 0");
     prop_assert!(w <= MAXU);
-    if w < MAXU {
-        if let Some(t) = now.checked_add(w as i64) {
-            let at = |t| {
-                state
-                    .clone()
-                    .apply(config, t, &ops::EstimateAbilityToConsume(n))
-                    .map(|p| p.can_be_consumed())
-            };
-            prop_assert_eq!(at(t), Ok(true), "not consumable after the wait {}", w);
-            prop_assert_eq!(
-                at(t - 1),
-                Ok(false),
-                "consumable 1 ns before the wait {}",
-                w
-            );
-            let mut copy = state.clone();
-            prop_assert_eq!(copy.apply(config, t, &ops::TryConsume(n)), Ok(true));
-        }
+    if w < MAXU
+        && let Some(t) = now.checked_add(w as i64)
+    {
+        let at = |t| {
+            state
+                .clone()
+                .apply(config, t, &ops::EstimateAbilityToConsume(n))
+                .map(|p| p.can_be_consumed())
+        };
+        prop_assert_eq!(at(t), Ok(true), "not consumable after the wait {}", w);
+        prop_assert_eq!(
+            at(t - 1),
+            Ok(false),
+            "consumable 1 ns before the wait {}",
+            w
+        );
+        let mut copy = state.clone();
+        prop_assert_eq!(copy.apply(config, t, &ops::TryConsume(n)), Ok(true));
     }
     Ok(())
 }
@@ -709,22 +709,22 @@ fn check_reset_wait(
     r: u64,
 ) -> Result<(), TestCaseError> {
     prop_assert!(r <= MAXU);
-    if r < MAXU {
-        if let Some(t) = now.checked_add(r as i64) {
-            let full = |t| {
-                view_tokens(config, state, t)
-                    .iter()
-                    .zip(config.bandwidths())
-                    .all(|(s, b)| *s as i128 >= cap(b))
-            };
-            prop_assert!(full(t), "not full after the reset wait {}", r);
-            if r > 0 {
-                prop_assert!(
-                    !full(t - 1),
-                    "already full 1 ns before the reset wait {}",
-                    r
-                );
-            }
+    if r < MAXU
+        && let Some(t) = now.checked_add(r as i64)
+    {
+        let full = |t| {
+            view_tokens(config, state, t)
+                .iter()
+                .zip(config.bandwidths())
+                .all(|(s, b)| *s as i128 >= cap(b))
+        };
+        prop_assert!(full(t), "not full after the reset wait {}", r);
+        if r > 0 {
+            prop_assert!(
+                !full(t - 1),
+                "already full 1 ns before the reset wait {}",
+                r
+            );
         }
     }
     Ok(())
@@ -1115,11 +1115,10 @@ proptest! {
         let matching = state.bandwidths().len() == config.bandwidths().len();
         let refill_at = |st: &BucketState, w: u64| {
             prop_assert!(w <= MAXU, "wait {} above MAX", w);
-            if w < MAXU {
-                if let Some(t) = now.checked_add(w as i64) {
+            if w < MAXU
+                && let Some(t) = now.checked_add(w as i64) {
                     let _ = view_tokens(&config, st, t);
                 }
-            }
             Ok(())
         };
         if matching {

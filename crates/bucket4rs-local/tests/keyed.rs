@@ -504,7 +504,7 @@ fn threads_take_exactly_every_token_of_every_key() {
                     x ^= x >> 7;
                     x ^= x << 17;
                     let key = x % KEYS;
-                    if x % 97 == 0 {
+                    if x.is_multiple_of(97) {
                         keyed.force_add_tokens(&key, 3).expect("valid");
                         added[key as usize].fetch_add(3, Ordering::Relaxed);
                     } else if keyed.try_consume(&key, 1 + x % 2).expect("valid") {

@@ -122,10 +122,10 @@ where
                     // The inner future's output is returned as it is, the headers added to
                     // its response in place: the response is not moved out and back.
                     let mut out = fut.poll(cx);
-                    if let Poll::Ready(Ok(resp)) = &mut out {
-                        if let Some(h) = headers.take() {
-                            h.apply(resp.headers_mut());
-                        }
+                    if let Poll::Ready(Ok(resp)) = &mut out
+                        && let Some(h) = headers.take()
+                    {
+                        h.apply(resp.headers_mut());
                     }
                     if out.is_ready() {
                         state.set(State::Done);

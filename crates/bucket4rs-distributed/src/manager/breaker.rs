@@ -307,10 +307,10 @@ struct CloseOnDrop<B: Backend>(Weak<Inner<B>>, u64);
 
 impl<B: Backend> Drop for CloseOnDrop<B> {
     fn drop(&mut self) {
-        if let Some(inner) = self.0.upgrade() {
-            if let Some(b) = inner.breaker.as_ref().filter(|b| b.serves(self.1)) {
-                b.close();
-            }
+        if let Some(inner) = self.0.upgrade()
+            && let Some(b) = inner.breaker.as_ref().filter(|b| b.serves(self.1))
+        {
+            b.close();
         }
     }
 }

@@ -187,13 +187,14 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
         J::Output: 'static,
     {
         let inner = &self.manager.inner;
-        if inner.batching.is_enabled() && !inner.backend.is_in_process() {
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                // Boxed: the batching path's state (queue reply, timer) would otherwise be
-                // part of every call's future, in-process ones too (over 1 KiB, a large
-                // allocation wherever the caller boxes it, e.g. the tower layer).
-                return Box::pin(batch::run_batched(self, job, command, handle)).await;
-            }
+        if inner.batching.is_enabled()
+            && !inner.backend.is_in_process()
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            // Boxed: the batching path's state (queue reply, timer) would otherwise be
+            // part of every call's future, in-process ones too (over 1 KiB, a large
+            // allocation wherever the caller boxes it, e.g. the tower layer).
+            return Box::pin(batch::run_batched(self, job, command, handle)).await;
         }
         self.run_alone(job, command).await
     }

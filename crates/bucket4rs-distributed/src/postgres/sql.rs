@@ -377,15 +377,15 @@ pub(super) async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Out
     let mut b = pin!(b);
     let (mut ra, mut rb) = (None, None);
     core::future::poll_fn(|cx| {
-        if ra.is_none() {
-            if let Poll::Ready(v) = a.as_mut().poll(cx) {
-                ra = Some(v);
-            }
+        if ra.is_none()
+            && let Poll::Ready(v) = a.as_mut().poll(cx)
+        {
+            ra = Some(v);
         }
-        if rb.is_none() {
-            if let Poll::Ready(v) = b.as_mut().poll(cx) {
-                rb = Some(v);
-            }
+        if rb.is_none()
+            && let Poll::Ready(v) = b.as_mut().poll(cx)
+        {
+            rb = Some(v);
         }
         match (ra.take(), rb.take()) {
             (Some(x), Some(y)) => Poll::Ready((x, y)),
@@ -424,10 +424,10 @@ impl TxClient {
 
 impl Drop for TxClient {
     fn drop(&mut self) {
-        if self.open.load(Ordering::Relaxed) {
-            if let Some(client) = self.client.take() {
-                drop(deadpool_postgres::Object::take(client));
-            }
+        if self.open.load(Ordering::Relaxed)
+            && let Some(client) = self.client.take()
+        {
+            drop(deadpool_postgres::Object::take(client));
         }
     }
 }

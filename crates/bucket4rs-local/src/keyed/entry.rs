@@ -37,15 +37,15 @@ impl Entry {
         now: i64,
         monotonic: bool,
     ) -> Self {
-        if let (true, [b], [st]) = (monotonic, config.bandwidths(), state.bandwidths()) {
-            if let Some(i) = plans.intern(config, now) {
-                let plan = plans.get(i);
-                if let Some(w) = plan.and_then(|p| word::encode(&p.form, b, *st)) {
-                    return Self::Compact {
-                        plan: i,
-                        word: CompactWord::new(w),
-                    };
-                }
+        if let (true, [b], [st]) = (monotonic, config.bandwidths(), state.bandwidths())
+            && let Some(i) = plans.intern(config, now)
+        {
+            let plan = plans.get(i);
+            if let Some(w) = plan.and_then(|p| word::encode(&p.form, b, *st)) {
+                return Self::Compact {
+                    plan: i,
+                    word: CompactWord::new(w),
+                };
             }
         }
         Self::General(Box::new(Synchronized::new(
@@ -119,10 +119,10 @@ impl Entry {
     /// Makes this entry a synchronized bucket holding the same state at `now` (the caller
     /// has exclusive access: no operation runs on the word meanwhile).
     pub(crate) fn upgrade(&mut self, plans: &Plans, now: i64) {
-        if let Self::Compact { .. } = self {
-            if let Some((config, state)) = self.snapshot(plans, now) {
-                *self = Self::General(Box::new(Synchronized::new(config, state, true)));
-            }
+        if let Self::Compact { .. } = self
+            && let Some((config, state)) = self.snapshot(plans, now)
+        {
+            *self = Self::General(Box::new(Synchronized::new(config, state, true)));
         }
     }
 

@@ -48,14 +48,14 @@ fn run<O: Operation>(
     state: &mut BucketState,
     now: i64,
 ) -> Result<O::Output, OperationError> {
-    if let [only] = state.bandwidths_mut() {
-        if let Some(single) = ops::plan_one(op, config, now, || *only) {
-            let (out, new) = single?;
-            if let Some(new) = new {
-                *only = new;
-            }
-            return Ok(out);
+    if let [only] = state.bandwidths_mut()
+        && let Some(single) = ops::plan_one(op, config, now, || *only)
+    {
+        let (out, new) = single?;
+        if let Some(new) = new {
+            *only = new;
         }
+        return Ok(out);
     }
     state.apply(config, now, op)
 }

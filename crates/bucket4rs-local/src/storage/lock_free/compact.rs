@@ -135,10 +135,10 @@ impl LockFree {
         // While the bucket was compact, `current` kept its initial value 0; the first
         // publication after the freeze is the installation, and only the frozen word's slot
         // is ever installed (a word is frozen once).
-        if self.hot.current.load(Ordering::Acquire) == 0 {
-            if let Some(old) = self.slot(0) {
-                self.publish(0, old, slot_of(w));
-            }
+        if self.hot.current.load(Ordering::Acquire) == 0
+            && let Some(old) = self.slot(0)
+        {
+            self.publish(0, old, slot_of(w));
         }
         let _ = self.hot.compact.swap(w, SLOTS_WORD);
     }
