@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use redis::{ErrorKind, RedisError, Value};
+use redis::{ErrorKind, ProtocolVersion, RedisError, ServerErrorKind, Value};
 
 use crate::backend::{Backend, BackendClock, Command, Transaction, Write};
 use crate::error::{BackendError, BackendErrorKind};
@@ -195,7 +195,13 @@ fn map_err(e: RedisError) -> BackendError {
         // maxmemory reached with a no-eviction policy: the script's first write was refused,
         // nothing was written.
         BackendErrorKind::CapacityExhausted
-    } else if e.kind() == ErrorKind::TypeError || e.kind() == ErrorKind::ResponseError {
+    } else if matches!(
+        e.kind(),
+        ErrorKind::UnexpectedReturnType
+            | ErrorKind::Parse
+            | ErrorKind::Extension
+            | ErrorKind::Server(ServerErrorKind::ResponseError)
+    ) {
         BackendErrorKind::Protocol
     } else {
         BackendErrorKind::Other
@@ -205,6 +211,16 @@ fn map_err(e: RedisError) -> BackendError {
     BackendError::new(kind, e.to_string())
         .retryable(retryable)
         .with_source(e)
+}
+
+/// `client` speaking RESP3, whose connections report their end (`conn`).
+fn resp3(client: redis::Client) -> Result<redis::Client, BackendError> {
+    let info = client.get_connection_info().clone();
+    let redis = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    redis::Client::open(info.set_redis_settings(redis)).map_err(map_err)
 }
 
 /// The scripts' answer to a command that reached the server after its caller's deadline.
@@ -274,7 +290,7 @@ impl RedisBackend {
                 "RedisOptions: the response and connect timeouts must be above zero",
             ));
         }
-        let client = redis::Client::open(url).map_err(map_err)?;
+        let client = resp3(redis::Client::open(url).map_err(map_err)?)?;
         let pool = Pool::connect(
             client,
             options.connections,
@@ -375,7 +391,7 @@ impl RedisBackend {
             cmd.arg(*a);
         }
         match self.send(&cmd, until).await? {
-            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // The script cache was flushed (SCRIPT FLUSH, restart, failover): EVAL sends
                 // the source, runs it and caches it again, in one round trip.
                 self.counters.script_reloads.fetch_add(1, Ordering::Relaxed);

@@ -1,10 +1,20 @@
 //! The Redis backend's connections and its estimate of the server's clock.
 //!
-//! Each slot holds one multiplexed connection whose driver task this module spawns, so it
-//! knows when the connection has ended (the server closed it, was killed or restarted): the
-//! next command then goes on a fresh connection instead of failing on the dead one. A
-//! connection that cannot be made (refused, or not within the connect timeout or the call's
-//! deadline) is a prompt, retryable error: nothing was sent.
+//! Each slot holds one of the redis crate's multiplexed connections (its own driver task, its
+//! response timeout, cancellation-safe requests). The connection speaks RESP3, so its driver
+//! reports its end (the server closed it, was killed or restarted) with a disconnection push,
+//! which marks the slot's connection dead: the next command then goes on a fresh connection
+//! instead of failing on the dead one.
+//!
+//! Why a slot of our own rather than the crate's `ConnectionManager`, which also reconnects
+//! after a disconnection push: the manager answers a command with one error whether its
+//! connection could not be made (nothing sent: safe to retry) or the command was sent and its
+//! reply did not come (it may have run): a connect timeout and a response timeout are both
+//! an I/O `TimedOut`, and a failed reconnect is handed to every later command as it was. The
+//! backend must tell the two apart (the first is a retryable `Unavailable`, the second never
+//! re-sent), so it connects in its own step, bounded by the connect timeout and the caller's
+//! deadline, before anything is sent. A connection that cannot be made (refused, or not in
+//! time) is a prompt, retryable error.
 //!
 //! The clock estimate (`crate::skew`) turns a caller's deadline (an [`Instant`] of this host)
 //! into a reading of the server's `TIME`, for the scripts to refuse a command that runs after
@@ -15,7 +25,8 @@ use core::time::Duration;
 use std::sync::Arc;
 use std::time::Instant;
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::{AsyncPushSender, MultiplexedConnection, SendError};
+use redis::{AsyncConnectionConfig, PushInfo, PushKind};
 
 use super::map_err;
 use crate::error::{BackendError, BackendErrorKind};
@@ -34,11 +45,20 @@ impl Live {
     }
 }
 
-/// Marks a connection dead when its driver task ends, or is dropped unfinished (its runtime
-/// shut down).
-struct Ended(Arc<AtomicBool>);
+/// The connection's push sender: marks it dead on the driver's disconnection push, and when
+/// the driver is dropped unfinished (its runtime shut down), since the driver owns the sender.
+struct Watch(Arc<AtomicBool>);
 
-impl Drop for Ended {
+impl AsyncPushSender for Watch {
+    fn send(&self, info: PushInfo) -> Result<(), SendError> {
+        if info.kind == PushKind::Disconnection {
+            self.0.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Watch {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Release);
     }
@@ -138,11 +158,16 @@ impl Pool {
         let left = until
             .saturating_duration_since(Instant::now())
             .min(self.connect_timeout);
+        let dead = Arc::new(AtomicBool::new(false));
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(None)
+            .set_response_timeout(Some(self.response_timeout))
+            .set_push_sender(Watch(Arc::clone(&dead)));
         let connect = self
             .client
-            .create_multiplexed_tokio_connection_with_response_timeout(self.response_timeout);
-        let (conn, driver) = match tokio::time::timeout(left, connect).await {
-            Ok(Ok(pair)) => pair,
+            .get_multiplexed_async_connection_with_config(&config);
+        let conn = match tokio::time::timeout(left, connect).await {
+            Ok(Ok(conn)) => conn,
             Ok(Err(e)) => {
                 // Nothing was sent on a connection that could not be made.
                 let io = e.is_io_error() || e.is_connection_refusal() || e.is_timeout();
@@ -150,12 +175,6 @@ impl Pool {
             }
             Err(_) => return Err(unavailable_within(until)),
         };
-        let dead = Arc::new(AtomicBool::new(false));
-        let ended = Ended(Arc::clone(&dead));
-        tokio::spawn(async move {
-            driver.await;
-            drop(ended);
-        });
         let live = Live { conn, dead };
         *current = Some(live.clone());
         Ok(live)
