@@ -4,8 +4,7 @@ use core::fmt;
 use core::time::Duration;
 use std::net::SocketAddr;
 
-use bucket4rs_distributed::FailurePolicy;
-use bucket4rs_tower::{PlanResolver as _, PlanTable, PlansError};
+use bucket4rs_tower::{FailurePolicy, PlanResolver as _, PlanTable, PlansError};
 
 use crate::serve::{MAX_CONNECTIONS, ServeOptions};
 
@@ -59,8 +58,7 @@ impl OnFailure {
                     .map_err(|e| format!("--on-backend-failure fallback:{rate}: {e}"))?
                     .resolve("fallback")
                     .ok_or("--on-backend-failure: no fallback plan")?;
-                FailurePolicy::fallback(plan.configuration().clone())
-                    .map_err(|e| format!("--on-backend-failure fallback:{rate}: {e}"))
+                Ok(FailurePolicy::fallback(plan))
             }
         }
     }

@@ -342,8 +342,8 @@ impl PartialEq for DistributedError {
 
 impl DistributedError {
     /// Whether this is a failure of the infrastructure (timeout or backend error) rather
-    /// than of the caller's input or the stored data: what a [`FailurePolicy`](crate::FailurePolicy)
-    /// acts on. A call refused by an open [`CircuitBreaker`](crate::CircuitBreaker) is one
+    /// than of the caller's input or the stored data: what a failure policy (the HTTP
+    /// layer's `FailurePolicy`, say) acts on. A call refused by an open [`CircuitBreaker`](crate::CircuitBreaker) is one
     /// (a [`BackendErrorKind::Unavailable`] backend error).
     ///
     /// ```

@@ -18,8 +18,9 @@
 //!   of clients, exact despite Lua's doubles (see `docs/distributed.md`).
 //! - `PostgresBackend` (feature `postgres`): one statement per operation in the common case,
 //!   shipped schema and migration, expiry reaper (see `docs/distributed.md`).
-//! - [`format`](mod@format): the compact, versioned record; [`StorageKey`]: safe key names;
-//!   [`FailurePolicy`]: what to do when the backend is down.
+//! - [`format`](mod@format): the compact, versioned record; [`StorageKey`]: safe key names.
+//!   What to answer while a backend is down is the caller's decision
+//!   ([`DistributedError::is_unavailable`]; the HTTP layer's `FailurePolicy`).
 //!
 //! ```
 //! use bucket4rs_core::{Bandwidth, BucketConfiguration};
@@ -52,7 +53,6 @@ mod error;
 pub mod format;
 mod key;
 mod manager;
-mod policy;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
@@ -69,7 +69,6 @@ pub use manager::{
     BlockingRemoteBucket, CircuitBreaker, ManagerBuilder, ProxyManager, RemoteBucket,
     RemoteBucketBuilder, RetryPolicy, TimeSource,
 };
-pub use policy::{Decision, FailurePolicy};
 #[cfg(feature = "postgres")]
 pub use postgres::{InvalidTableName, PostgresBackend, PostgresOptions, PostgresStats, Reaper};
 #[cfg(feature = "redis")]

@@ -4,15 +4,15 @@ use core::fmt;
 use std::sync::Arc;
 
 use bucket4rs_core::{Clock, ConfigError};
-use bucket4rs_distributed::{Backend, FailurePolicy, ProxyManager};
 use bucket4rs_local::{FastClock, KeyedBucket};
 use http::StatusCode;
 use tower::Layer;
 
 use crate::key::{KeyExtractor, RequestInfo};
 use crate::plan::PlanResolver;
+use crate::policy::{FailurePolicy, Policy};
 use crate::service::RateLimit;
-use crate::store::{FixedPlans, LocalStore, SharedClock, Store};
+use crate::store::{Local, LocalStore, SharedClock, Store};
 
 /// The in-process store's key cap unless [`RateLimitLayerBuilder::max_keys`] says otherwise.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -24,11 +24,8 @@ pub(crate) struct Shared {
     pub(crate) store: Store,
     pub(crate) key: KeyExtractor,
     pub(crate) plans: Option<Arc<dyn PlanResolver>>,
-    /// The resolver's plans when they are fixed and the store is in process: a known
-    /// client's plan is then read off its bucket (see `FixedPlans`).
-    pub(crate) fixed: Option<FixedPlans>,
     pub(crate) cost: Arc<CostFn>,
-    pub(crate) failure: FailurePolicy,
+    pub(crate) failure: Policy,
     pub(crate) missing_key: StatusCode,
     pub(crate) unknown_key: StatusCode,
     pub(crate) remaining_header: bool,
@@ -74,15 +71,6 @@ fn monotonic_secs() -> u64 {
         .as_secs()
 }
 
-/// Where the builder puts the buckets.
-enum StoreSpec {
-    /// In this process: a [`KeyedBucket`] made at build time (it takes its configurations
-    /// from the plans).
-    Local { clock: SharedClock, max_keys: usize },
-    /// A shared store.
-    Remote(Box<dyn crate::store::Remote>),
-}
-
 /// Builds a [`RateLimitLayer`]; from [`RateLimitLayer::builder`].
 ///
 /// Defaults: the `X-API-Key` header as the key, no plans (every key is unknown: set
@@ -92,12 +80,11 @@ enum StoreSpec {
 ///
 /// ```
 /// use bucket4rs_core::{Bandwidth, BucketConfiguration};
-/// use bucket4rs_distributed::{EmbeddedBackend, FailurePolicy, ProxyManager};
-/// use bucket4rs_tower::{KeyExtractor, Plan, RateLimitLayer};
+/// use bucket4rs_tower::{FailurePolicy, KeyExtractor, Plan, RateLimitLayer};
 /// use std::time::Duration;
 /// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(20, Duration::from_secs(60))?).build()?;
 /// let layer = RateLimitLayer::builder()
-///     .backend(ProxyManager::configure(EmbeddedBackend::new()).key_prefix("api").build()?)
+///     .max_keys(100_000)
 ///     .key(KeyExtractor::header("x-api-key"))
 ///     .plans(Plan::new("free", config))
 ///     .cost(|req| if req.uri().path().ends_with("/search") { 5 } else { 1 })
@@ -108,7 +95,11 @@ enum StoreSpec {
 /// ```
 #[must_use]
 pub struct RateLimitLayerBuilder {
-    store: StoreSpec,
+    /// The clock of the buckets in this process (the store's, the fallback's).
+    clock: SharedClock,
+    max_keys: usize,
+    #[cfg(feature = "distributed")]
+    remote: Option<Box<dyn crate::remote::Remote>>,
     key: KeyExtractor,
     plans: Option<Arc<dyn PlanResolver>>,
     cost: Arc<CostFn>,
@@ -128,10 +119,9 @@ impl fmt::Debug for RateLimitLayerBuilder {
 }
 
 impl RateLimitLayerBuilder {
-    /// Keeps the buckets in this process (the default) with at most `max_keys` keys at once:
-    /// a bucket is forgotten only when a fresh one would answer the same (full again); at the
-    /// cap, a new key meets the failure policy. A cap of zero is refused by
-    /// [`build`](Self::build).
+    /// Caps the in-process store at `max_keys` keys at once: a bucket is forgotten only when
+    /// a fresh one would answer the same (full again); at the cap, a new key meets the
+    /// failure policy. A cap of zero is refused by [`build`](Self::build).
     ///
     /// ```
     /// # use bucket4rs_tower::{Plan, RateLimitLayer};
@@ -142,16 +132,13 @@ impl RateLimitLayerBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn max_keys(mut self, max_keys: usize) -> Self {
-        let clock = match self.store {
-            StoreSpec::Local { clock, .. } => clock,
-            StoreSpec::Remote(_) => Arc::new(FastClock),
-        };
-        self.store = StoreSpec::Local { clock, max_keys };
+        self.max_keys = max_keys;
         self
     }
 
-    /// Keeps the buckets in this process on `clock` (the default is [`FastClock`]: epoch
-    /// nanoseconds advanced by the CPU's counter, never stepping back). A test passes a
+    /// The clock of the buckets kept in this process — the in-process store's and the
+    /// fallback limit's (the default is [`FastClock`]: epoch nanoseconds advanced by the
+    /// CPU's counter, never stepping back). A test passes a
     /// [`ManualClock`](bucket4rs_core::ManualClock).
     ///
     /// ```
@@ -163,26 +150,23 @@ impl RateLimitLayerBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn clock(mut self, clock: impl Clock + Send + Sync + 'static) -> Self {
-        let max_keys = match self.store {
-            StoreSpec::Local { max_keys, .. } => max_keys,
-            StoreSpec::Remote(_) => DEFAULT_MAX_KEYS,
-        };
-        self.store = StoreSpec::Local {
-            clock: Arc::new(clock),
-            max_keys,
-        };
+        self.clock = Arc::new(clock);
         self
     }
 
     /// Keeps the buckets behind `manager` (Redis, PostgreSQL, the embedded backend or your
-    /// own), so that every instance of a service shares one limit.
+    /// own), so that every instance of a service shares one limit (feature `distributed`).
     ///
     /// ```
     /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
     /// let b = bucket4rs_tower::RateLimitLayer::builder().backend(ProxyManager::new(EmbeddedBackend::new()));
     /// ```
-    pub fn backend<B: Backend>(mut self, manager: ProxyManager<B>) -> Self {
-        self.store = StoreSpec::Remote(Box::new(manager));
+    #[cfg(feature = "distributed")]
+    pub fn backend<B: bucket4rs_distributed::Backend>(
+        mut self,
+        manager: bucket4rs_distributed::ProxyManager<B>,
+    ) -> Self {
+        self.remote = Some(Box::new(manager));
         self
     }
 
@@ -229,7 +213,7 @@ impl RateLimitLayerBuilder {
     ///
     /// ```
     /// # use bucket4rs_tower::RateLimitLayer;
-    /// let b = RateLimitLayer::builder().failure_policy(bucket4rs_distributed::FailurePolicy::deny());
+    /// let b = RateLimitLayer::builder().failure_policy(bucket4rs_tower::FailurePolicy::deny());
     /// ```
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
@@ -272,7 +256,8 @@ impl RateLimitLayerBuilder {
     /// Builds the layer.
     ///
     /// # Errors
-    /// [`ConfigError::ZeroMaxKeys`] for an in-process store capped at zero keys.
+    /// [`ConfigError::ZeroMaxKeys`] for an in-process store capped at zero keys; the
+    /// [`ConfigError`] of a fallback plan the layer's clock cannot run.
     ///
     /// ```
     /// # use bucket4rs_tower::{Plan, RateLimitLayer};
@@ -282,32 +267,20 @@ impl RateLimitLayerBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
-        let (store, fixed) = match self.store {
-            StoreSpec::Local { clock, max_keys } => {
-                let plans = self.plans.clone();
-                let keyed: LocalStore = KeyedBucket::builder()
-                    .configuration_per_key(move |key: &String| {
-                        plans
-                            .as_ref()
-                            .and_then(|p| p.resolve(key))
-                            .map(|plan| plan.configuration().clone())
-                    })
-                    .with_clock(clock)
-                    .max_keys(max_keys)
-                    .build()?;
-                let fixed = self.plans.as_deref().and_then(FixedPlans::of);
-                (Store::Local(keyed), fixed)
-            }
-            StoreSpec::Remote(remote) => (Store::Remote(remote), None),
+        #[cfg(feature = "distributed")]
+        let store = match self.remote {
+            Some(remote) => Store::Remote(remote),
+            None => local_store(self.plans.clone(), &self.clock, self.max_keys)?,
         };
+        #[cfg(not(feature = "distributed"))]
+        let store = local_store(self.plans.clone(), &self.clock, self.max_keys)?;
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 store,
                 key: self.key,
                 plans: self.plans,
-                fixed,
                 cost: self.cost,
-                failure: self.failure,
+                failure: Policy::new(&self.failure, self.clock)?,
                 missing_key: self.missing_key,
                 unknown_key: self.unknown_key,
                 remaining_header: self.remaining_header,
@@ -315,6 +288,25 @@ impl RateLimitLayerBuilder {
             }),
         })
     }
+}
+
+/// The in-process store: a bucket per key, created under the key's plan.
+fn local_store(
+    plans: Option<Arc<dyn PlanResolver>>,
+    clock: &SharedClock,
+    max_keys: usize,
+) -> Result<Store, ConfigError> {
+    let keyed: LocalStore = KeyedBucket::builder()
+        .configuration_per_key(move |key: &String| {
+            plans
+                .as_ref()
+                .and_then(|p| p.resolve(key))
+                .map(|plan| plan.configuration().clone())
+        })
+        .with_clock(Arc::clone(clock))
+        .max_keys(max_keys)
+        .build()?;
+    Ok(Store::Local(Local::new(keyed)))
 }
 
 /// Rate limits HTTP requests per client key: see the [crate docs](crate).
@@ -350,10 +342,10 @@ impl RateLimitLayer {
     /// ```
     pub fn builder() -> RateLimitLayerBuilder {
         RateLimitLayerBuilder {
-            store: StoreSpec::Local {
-                clock: Arc::new(FastClock),
-                max_keys: DEFAULT_MAX_KEYS,
-            },
+            clock: Arc::new(FastClock),
+            max_keys: DEFAULT_MAX_KEYS,
+            #[cfg(feature = "distributed")]
+            remote: None,
             key: KeyExtractor::header("x-api-key"),
             plans: None,
             cost: Arc::new(|_| 1),
@@ -378,7 +370,8 @@ impl RateLimitLayer {
     /// ```
     pub fn local_store(&self) -> Option<&LocalStore> {
         match &self.shared.store {
-            Store::Local(keyed) => Some(keyed),
+            Store::Local(local) => Some(&local.plain),
+            #[cfg(feature = "distributed")]
             Store::Remote(_) => None,
         }
     }

@@ -4,9 +4,8 @@
 //! key (an API key header, the client IP, or anything a closure extracts), a plan per key
 //! (free, pro, …), a cost per request (a search costs 5, a lookup 1), and a bucket store — in
 //! this process by default (a [`KeyedBucket`](bucket4rs_local::KeyedBucket): one lookup and
-//! one compare-and-swap per request), or a Redis or PostgreSQL
-//! [`ProxyManager`](bucket4rs_distributed::ProxyManager) so that every instance of a service
-//! shares one limit.
+//! one compare-and-swap per request), or, with feature `distributed`, a Redis or PostgreSQL
+//! `ProxyManager` so that every instance of a service shares one limit.
 //!
 //! Responses speak the standards:
 //!
@@ -18,8 +17,8 @@
 //! - a request whose cost exceeds the plan's capacity is a configuration error (500), not a
 //!   429 with an absurd `Retry-After`; a missing or unknown key is 401 (configurable);
 //! - a store that cannot decide (a remote backend down, the in-process store full of keys)
-//!   follows the [`FailurePolicy`](bucket4rs_distributed::FailurePolicy) (error → 503, deny →
-//!   429, fallback → a local limit) — never a silent allow.
+//!   follows the [`FailurePolicy`] (error → 503, deny → 429, fallback → a local limit that
+//!   answers as a limit does) — never a silent allow.
 //!
 //! ```
 //! use bucket4rs_core::{Bandwidth, BucketConfiguration};
@@ -60,6 +59,10 @@
 //! # Crate features
 //! - `toml` (default): [`PlanTable::from_toml`], plans files with human durations.
 //! - `axum`: [`KeyExtractor::client_ip`] also reads axum's `ConnectInfo<SocketAddr>`.
+//! - `distributed`: shared stores, `RateLimitLayerBuilder::backend` over any
+//!   `bucket4rs_distributed::ProxyManager` (Redis, PostgreSQL, your own backend). Without it
+//!   the crate depends on no I/O crate: `cargo tree -p bucket4rs-tower --no-default-features`
+//!   shows the core, the local buckets, `http`, `tower` and `tracing`.
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "toml")]
@@ -69,7 +72,10 @@ mod headers;
 mod key;
 mod layer;
 mod plan;
+mod policy;
 mod problem;
+#[cfg(feature = "distributed")]
+mod remote;
 mod response;
 mod service;
 mod store;
@@ -80,5 +86,6 @@ pub use future::ResponseFuture;
 pub use key::{KeyExtractor, RequestInfo};
 pub use layer::{DEFAULT_MAX_KEYS, RateLimitLayer, RateLimitLayerBuilder};
 pub use plan::{Plan, PlanResolver};
+pub use policy::FailurePolicy;
 pub use service::RateLimit;
 pub use store::LocalStore;

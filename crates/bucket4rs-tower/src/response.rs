@@ -10,7 +10,7 @@ use http::{HeaderValue, Response, StatusCode};
 use crate::headers::{self, RATELIMIT, RATELIMIT_POLICY, X_RATE_LIMIT_REMAINING};
 use crate::plan::Plan;
 use crate::problem::{self, Problem};
-use crate::store::Decided;
+use crate::store::{Answer, same};
 
 /// What the layer does with a request once its store answered.
 pub(crate) enum Verdict<R> {
@@ -41,46 +41,71 @@ impl RateHeaders {
     }
 }
 
-/// The verdict on a request that cost `cost` and was decided by `d`: allowed with its
-/// headers, or refused (429, with `Retry-After` rounded up to whole seconds).
+/// The verdict on a request that cost `cost`, its key's plan `plan`, whose store answered
+/// `answer`: allowed with its headers, or refused (429, with `Retry-After` rounded up to whole
+/// seconds). The one function every answer goes through, in process, remote or fallback.
 #[inline]
 pub(crate) fn verdict<ResBody: From<Bytes>>(
-    d: &Decided<'_>,
+    plan: &Plan,
+    answer: &Answer,
     cost: u64,
     remaining_header: bool,
 ) -> Verdict<Response<ResBody>> {
+    if !same(answer.configuration(), plan.configuration()) {
+        return stale_verdict(plan, answer, cost, remaining_header);
+    }
+    let probe = answer.value();
     let headers = RateHeaders {
-        policy: d.plan.policy_header().clone(),
-        ratelimit: headers::ratelimit_header(d.plan, &d.after, d.now, cost),
-        remaining: remaining_header.then_some(d.probe.remaining_tokens()),
+        policy: plan.policy_header().clone(),
+        ratelimit: headers::ratelimit_header(plan, answer.state(), answer.now_nanos(), cost),
+        remaining: remaining_header.then_some(probe.remaining_tokens()),
     };
-    if d.probe.is_consumed() {
+    if probe.is_consumed() {
         Verdict::Allow(Some(headers))
     } else {
-        Verdict::Answer(refusal(d, headers, cost))
+        Verdict::Answer(refusal(plan, answer, headers, cost))
     }
+}
+
+/// [`verdict`] of a bucket that answered under another configuration than its plan's (the
+/// key changed plan, or the plans did; the bucket is being switched): decided, and
+/// described, under the configuration it has.
+#[cold]
+#[inline(never)]
+fn stale_verdict<ResBody: From<Bytes>>(
+    plan: &Plan,
+    answer: &Answer,
+    cost: u64,
+    remaining_header: bool,
+) -> Verdict<Response<ResBody>> {
+    let decided_under = Plan::new(plan.name(), answer.configuration().clone());
+    if cost > decided_under.min_capacity() {
+        return Verdict::Answer(cost_exceeds_capacity(&decided_under, cost));
+    }
+    verdict(&decided_under, answer, cost, remaining_header)
 }
 
 /// The 429 of a refused request. Out of line, like every answer of the layer: the allowed
 /// path, which runs on every request, stays compact.
 #[inline(never)]
 fn refusal<ResBody: From<Bytes>>(
-    d: &Decided<'_>,
+    plan: &Plan,
+    answer: &Answer,
     headers: RateHeaders,
     cost: u64,
 ) -> Response<ResBody> {
-    // Refused: there is a Retry-After (the cost is within the plan's capacity, so the
-    // request is possible).
-    let retry = d.probe.retry_after_secs().unwrap_or(1);
+    let probe = answer.value();
+    // Refused, so there is a wait (the cost is within the plan's capacity: checked before).
+    let retry = probe.retry_after_secs().unwrap_or(1);
     let mut resp = problem::too_many_requests(
         retry,
         Problem::new(
             StatusCode::TOO_MANY_REQUESTS,
-            format!("rate limit of plan {:?} exceeded", d.plan.name()),
+            format!("rate limit of plan {:?} exceeded", plan.name()),
         )
-        .with("plan", d.plan.name())
+        .with("plan", plan.name())
         .with("cost", cost)
-        .with("remaining", d.probe.remaining_tokens()),
+        .with("remaining", probe.remaining_tokens()),
     );
     headers.apply(resp.headers_mut());
     resp
@@ -115,8 +140,6 @@ pub(crate) enum Unavailable {
     Store,
     /// The in-process store is full of clients it cannot forget.
     Full,
-    /// The key's bucket changed configuration twice during the request.
-    Busy,
 }
 
 impl Unavailable {
@@ -126,7 +149,6 @@ impl Unavailable {
             Self::Full => {
                 "the rate-limit store cannot take new clients right now; try again shortly"
             }
-            Self::Busy => "the rate limiter cannot decide right now; try again shortly",
         }
     }
 }

@@ -241,7 +241,7 @@ mod distributed {
     use std::time::Duration;
 
     use bucket4rs::BucketConfiguration;
-    use bucket4rs::distributed::{EmbeddedBackend, FailurePolicy, ProxyManager};
+    use bucket4rs::distributed::{EmbeddedBackend, ProxyManager};
 
     #[test]
     fn distributed() -> Result<(), Box<dyn std::error::Error>> {
@@ -258,7 +258,6 @@ mod distributed {
                 .build("tenant-7", move || config.clone())?;
             let probe = bucket.try_consume_and_return_remaining(1).await?;
             assert_eq!(probe.remaining_tokens(), 99);
-            let _policy: Option<FailurePolicy> = None;
             Ok(())
         })
     }
@@ -291,7 +290,7 @@ mod tower {
     use std::time::Duration;
 
     use bucket4rs::BucketConfiguration;
-    use bucket4rs::tower::{KeyExtractor, Plan, RateLimitLayer};
+    use bucket4rs::tower::{FailurePolicy, KeyExtractor, Plan, RateLimitLayer};
 
     #[test]
     fn tower() -> Result<(), Box<dyn std::error::Error>> {
@@ -301,8 +300,17 @@ mod tower {
         let _layer = RateLimitLayer::builder()
             .key(KeyExtractor::header("x-api-key"))
             .plans(Plan::new("free", free))
-            .build();
+            .failure_policy(FailurePolicy::deny())
+            .build()?;
         Ok(())
+    }
+
+    /// With `distributed` too, the layer takes a shared store.
+    #[cfg(feature = "distributed")]
+    #[test]
+    fn tower_on_a_shared_store() {
+        use bucket4rs::distributed::{EmbeddedBackend, ProxyManager};
+        let _builder = RateLimitLayer::builder().backend(ProxyManager::new(EmbeddedBackend::new()));
     }
 }
 

@@ -10,7 +10,7 @@ use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use bucket4rs_core::{Bandwidth, BucketConfiguration};
-use bucket4rs_distributed::FailurePolicy;
+use bucket4rs_tower::FailurePolicy;
 use bucket4rs_tower::{Plan, RateLimitLayer};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};

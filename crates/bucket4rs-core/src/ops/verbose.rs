@@ -1,6 +1,7 @@
 //! [`Verbose`]: any operation, also returning the state after it.
 
-use super::{Mutation, Operation, Refilled};
+use super::{Mutation, Operation, Refilled, Single};
+use crate::config::Bandwidth;
 use crate::error::OperationError;
 use crate::listener::BucketListener;
 use crate::state::BandwidthState;
@@ -44,5 +45,24 @@ impl<O: Operation> Operation for Verbose<O> {
     }
     fn notify<L: BucketListener + ?Sized>(&self, output: &Self::Output, listener: &L) {
         self.0.notify(&output.0, listener);
+    }
+
+    const HAS_SINGLE: bool = O::HAS_SINGLE;
+
+    /// The wrapped operation's one-bandwidth shortcut, and the state it leaves (`s`, refilled
+    /// to `now`, when it changes nothing): what [`plan`](Operation::plan) answers.
+    #[inline]
+    fn plan_single(
+        &self,
+        b: &Bandwidth,
+        s: BandwidthState,
+        now: i64,
+    ) -> Option<Single<Self::Output>> {
+        let single = self.0.plan_single(b, s, now)?;
+        Some(single.map(|(out, new)| {
+            let after =
+                crate::BucketState::from_inline(core::iter::once(new.unwrap_or(s)).collect());
+            ((out, after), new)
+        }))
     }
 }

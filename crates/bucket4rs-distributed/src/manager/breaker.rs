@@ -27,7 +27,7 @@ use crate::key::StorageKey;
 /// [`BackendErrorKind::Unavailable`] / [`BackendErrorKind::Timeout`] error; never invalid
 /// input, unreadable records or lost compare-and-set races), the breaker opens: every call
 /// then fails at once with a [`BackendErrorKind::Unavailable`] error
-/// ([`DistributedError::is_unavailable`], so a [`FailurePolicy`](crate::FailurePolicy)
+/// ([`DistributedError::is_unavailable`], so a failure policy, such as the HTTP layer's,
 /// decides as for any outage) without reaching the backend. Meanwhile a background task
 /// probes the backend every `probe_every` by reading the key of the call that opened the
 /// breaker ([`Backend::read`]: a read, which never charges a token); the first probe that

@@ -18,7 +18,7 @@ use bucket4rs_core::ops;
 use bucket4rs_core::{BucketConfiguration, ConsumptionProbe, EstimationProbe, ManualClock};
 use bucket4rs_distributed::{EmbeddedBackend, ProxyManager, RemoteBucket};
 use bucket4rs_test::{Engine, Op, outcome, replay_all, replay_all_monotonic};
-use bucket4rs_tower::{LocalStore, Plan, PlanResolver, RateLimitLayer, RequestInfo};
+use bucket4rs_tower::{LocalStore, Plan, RateLimitLayer, RequestInfo};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use serde_json::Value;
@@ -77,34 +77,6 @@ impl Current {
         self.resolves.fetch_add(1, Ordering::SeqCst);
         Some(self.get())
     }
-
-    fn resolves(&self) -> usize {
-        self.resolves.load(Ordering::SeqCst)
-    }
-}
-
-/// A resolver that says its plans are fixed (`fixed_plans` is `Some`: the layer's
-/// in-process path that reads a known client's plan off its bucket), answering the current
-/// plan.
-struct Fixed(Current);
-
-impl PlanResolver for Fixed {
-    fn resolve(&self, _key: &str) -> Option<Plan> {
-        self.0.resolve()
-    }
-
-    fn fixed_plans(&self) -> Option<Vec<Plan>> {
-        Some(vec![self.0.get()])
-    }
-}
-
-/// How the layer's plans are given.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Plans {
-    /// A `PlanResolver` with fixed plans.
-    Fixed,
-    /// A closure, resolved per request.
-    Resolved,
 }
 
 /// Where the layer's buckets are, seen by the engine.
@@ -122,7 +94,6 @@ enum Target {
 /// The layer under test, with the store it consumes from.
 struct LayerEngine<'r> {
     layer: RateLimitLayer,
-    plans: Plans,
     current: Current,
     /// Whether a step replaced the configuration (the fixed plans no longer hold it).
     replaced: bool,
@@ -157,7 +128,6 @@ impl<'r> LayerEngine<'r> {
     fn local(
         rt: &'r Runtime,
         beyond: &Arc<AtomicUsize>,
-        plans: Plans,
         config: BucketConfiguration,
         clock: ManualClock,
     ) -> Result<Self, String> {
@@ -165,13 +135,8 @@ impl<'r> LayerEngine<'r> {
         let builder = RateLimitLayer::builder()
             .clock(clock.clone())
             .max_keys(MAX_KEYS);
-        let builder = match plans {
-            Plans::Fixed => builder.plans(Fixed(current.clone())),
-            Plans::Resolved => {
-                let c = current.clone();
-                builder.plans(move |_: &str| c.resolve())
-            }
-        };
+        let c = current.clone();
+        let builder = builder.plans(move |_: &str| c.resolve());
         let layer = builder
             .cost(cost)
             .remaining_header(true)
@@ -184,7 +149,6 @@ impl<'r> LayerEngine<'r> {
         store.available_tokens(KEY).map_err(text)?;
         let mut engine = Self {
             layer,
-            plans,
             current,
             replaced: false,
             target: Target::Local,
@@ -228,7 +192,6 @@ impl<'r> LayerEngine<'r> {
         rt.block_on(bucket.available_tokens()).map_err(text)?;
         let mut engine = Self {
             layer,
-            plans: Plans::Resolved,
             current,
             replaced: false,
             target: Target::Remote {
@@ -301,11 +264,6 @@ impl<'r> LayerEngine<'r> {
     /// `try_consume_and_return_remaining(n)` as a request of cost `n`: the probe, from the
     /// layer's answer and the store's exact values, which must agree.
     fn consume(&mut self, n: u64) -> Result<ConsumptionProbe, String> {
-        let had_bucket = match &self.target {
-            Target::Local => self.store().snapshot(KEY).is_some(),
-            Target::Remote { .. } => false,
-        };
-        let resolves = self.current.resolves();
         let before = self.snapshot();
         let r = self.request(KEY, n);
         // Before the probes below (a remote bucket's first read stores its record).
@@ -328,15 +286,6 @@ impl<'r> LayerEngine<'r> {
                 r.headers()
             );
             return Err("zero tokens: let through unmetered by the layer".into());
-        }
-        if self.plans == Plans::Fixed && had_bucket && !self.replaced {
-            // The fixed-plans path: a known client's plan is read off its bucket.
-            let asked = self.current.resolves() - resolves;
-            if asked != 0 {
-                return Err(format!(
-                    "layer: fixed plans, a key with a bucket, resolved {asked} times"
-                ));
-            }
         }
         let plan = self.current.get();
         let exact = self.exact(n)?;
@@ -659,24 +608,11 @@ fn replay_both<'r>(
     );
 }
 
-/// Fails on the redundant switch of `src/service.rs` (the `Taken::Stale` branch): the
-/// resolver follows the trace's replaced configuration, which its `fixed_plans` (read once,
-/// at build) does not hold, and every request then replaces the bucket's configuration
-/// with the one it already has (AS_IS: anonymous bandwidths start afresh, tokens beyond the
-/// capacity are capped).
-#[test]
-fn every_trace_replays_through_the_layer_with_fixed_plans() {
-    let rt = runtime();
-    replay_both("tower/fixed plans", &rt, |rt, beyond, config, clock| {
-        LayerEngine::local(rt, beyond, Plans::Fixed, config, clock)
-    });
-}
-
 #[test]
 fn every_trace_replays_through_the_layer_with_resolved_plans() {
     let rt = runtime();
     replay_both("tower/resolved plans", &rt, |rt, beyond, config, clock| {
-        LayerEngine::local(rt, beyond, Plans::Resolved, config, clock)
+        LayerEngine::local(rt, beyond, config, clock)
     });
 }
 

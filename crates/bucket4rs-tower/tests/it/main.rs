@@ -12,11 +12,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bucket4rs_core::{Bandwidth, BucketConfiguration, ManualClock, TokensInheritanceStrategy};
 use bucket4rs_distributed::{
-    Backend, BackendClock, BackendError, BackendErrorKind, EmbeddedBackend, FailurePolicy,
-    ProxyManager, StorageKey, Transaction,
+    Backend, BackendClock, BackendError, BackendErrorKind, EmbeddedBackend, ProxyManager,
+    StorageKey, Transaction,
 };
 use bucket4rs_tower::{
-    KeyExtractor, Plan, PlanResolver, PlanTable, RateLimitLayer, RateLimitLayerBuilder,
+    FailurePolicy, KeyExtractor, Plan, PlanResolver, PlanTable, RateLimitLayer,
+    RateLimitLayerBuilder,
 };
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -99,7 +100,10 @@ impl Store {
             None => RateLimitLayer::builder()
                 .clock(self.clock.clone())
                 .max_keys(self.max_keys),
-            Some(manager) => RateLimitLayer::builder().backend(manager.clone()),
+            // The clock of the buckets in this process: the fallback limit's.
+            Some(manager) => RateLimitLayer::builder()
+                .backend(manager.clone())
+                .clock(self.clock.clone()),
         }
     }
 
@@ -448,8 +452,8 @@ async fn client_ip_and_closure_keys() {
 }
 
 /// A key whose plan changes keeps its bucket, switched to the new plan with its tokens as
-/// they are: in process the bucket is switched first and the request decided under the new
-/// plan; on a remote store the request is decided under what the bucket had, then switched.
+/// they are, in both stores alike: the request that notices is decided under what the
+/// bucket had, then the bucket is switched.
 #[tokio::test]
 async fn a_changed_plan_takes_over_the_existing_bucket() {
     for store in stores(10_000) {
@@ -492,23 +496,17 @@ async fn a_changed_plan_takes_over_the_existing_bucket() {
         let r = call(&svc, req(Some("k"), "/")).await;
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{kind:?}");
         let body = body_json(&r);
-        match kind {
-            Kind::InProcess => {
-                // Switched, then decided under pro: 200/min, one token per 0.3 s.
-                assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=200;w=60"#);
-                assert_eq!(r.headers()["retry-after"], "1");
-                assert_eq!(body["plan"], "pro");
-            }
-            Kind::Remote => {
-                // Decided under the stored free bucket (one token per 30 s), then switched.
-                assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=2;w=60"#);
-                assert_eq!(r.headers()["retry-after"], "30");
-                assert_eq!(
-                    body["plan"], "pro",
-                    "the key's plan, under the bucket's limits"
-                );
-            }
-        }
+        // Decided under the stored free bucket (one token per 30 s), then switched.
+        assert_eq!(
+            r.headers()["ratelimit-policy"],
+            r#""burst";q=2;w=60"#,
+            "{kind:?}"
+        );
+        assert_eq!(r.headers()["retry-after"], "30", "{kind:?}");
+        assert_eq!(
+            body["plan"], "pro",
+            "{kind:?}: the key's plan, under the bucket's limits"
+        );
         let r = call(&svc, req(Some("k"), "/")).await;
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{kind:?}");
         assert_eq!(
@@ -697,17 +695,29 @@ async fn backend_failures_follow_the_failure_policy_never_a_silent_allow() {
     let r = call(&layer(FailurePolicy::deny()), req(Some("k"), "/")).await;
     assert_denied_on_failure(&r, "down, deny policy");
 
-    let svc = layer(FailurePolicy::fallback(simple(2, Duration::from_secs(60))).unwrap());
-    for _ in 0..2 {
+    let fallback =
+        || FailurePolicy::fallback(Plan::new("fallback", simple(2, Duration::from_secs(60))));
+    let svc = layer(fallback());
+    for left in [1, 0] {
         let r = call(&svc, req(Some("k"), "/")).await;
         assert_eq!(r.status(), StatusCode::OK);
-        assert!(
-            r.headers().get("ratelimit").is_none(),
-            "a fallback decision has no remote state to report"
+        // The fallback answers as a limit: its own policy and state.
+        assert_eq!(r.headers()["ratelimit-policy"], r#""0";q=2;w=60"#);
+        let t = if left == 0 { 30 } else { 0 };
+        assert_eq!(
+            r.headers()["ratelimit"].to_str().unwrap(),
+            format!(r#""0";r={left};t={t}"#)
         );
     }
     let r = call(&svc, req(Some("k"), "/")).await;
-    assert_denied_on_failure(&r, "down, fallback exhausted");
+    assert_eq!(
+        r.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "fallback exhausted"
+    );
+    assert_eq!(r.headers()["retry-after"], "30", "the fallback's own wait");
+    assert_eq!(r.headers()["ratelimit"], r#""0";r=0;t=30"#);
+    assert_eq!(body_json(&r)["plan"], "fallback");
     assert_eq!(
         call(&svc, req(Some("j"), "/")).await.status(),
         StatusCode::OK,
@@ -732,7 +742,7 @@ async fn a_full_store_follows_the_failure_policy() {
         ("error", FailurePolicy::error),
         ("deny", FailurePolicy::deny),
         ("fallback", || {
-            FailurePolicy::fallback(simple(2, Duration::from_secs(60))).unwrap()
+            FailurePolicy::fallback(Plan::new("fallback", simple(2, Duration::from_secs(60))))
         }),
     ];
     for (name, policy) in policies {
@@ -753,10 +763,14 @@ async fn a_full_store_follows_the_failure_policy() {
                 let r = call(&svc, req(Some("b"), "/")).await;
                 match (name, i) {
                     ("error", _) => assert_unavailable(&r, &what, FULL_DETAIL),
-                    ("deny", _) | ("fallback", 2) => assert_denied_on_failure(&r, &what),
+                    ("deny", _) => assert_denied_on_failure(&r, &what),
+                    ("fallback", 2) => {
+                        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{what}");
+                        assert_eq!(r.headers()["retry-after"], "30", "{what}");
+                    }
                     _ => {
                         assert_eq!(r.status(), StatusCode::OK, "{what}: the fallback limit");
-                        assert!(r.headers().get("ratelimit").is_none(), "{what}");
+                        assert_eq!(r.headers()["ratelimit-policy"], r#""0";q=2;w=60"#);
                     }
                 }
             }
@@ -773,10 +787,16 @@ async fn a_full_store_follows_the_failure_policy() {
             // Full again 1 ns short of 2 s: still not forgettable.
             store.clock.advance(Duration::from_nanos(1_999_999_999));
             let r = call(&svc, req(Some("b"), "/")).await;
-            assert_ne!(r.status(), StatusCode::OK, "{what}");
-            assert!(
-                r.headers().get("ratelimit-policy").is_none(),
-                "{what}: not metered"
+            if name == "fallback" {
+                // The fallback's third request for `b`: refused by the fallback limit.
+                assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{what}");
+            } else {
+                assert_ne!(r.status(), StatusCode::OK, "{what}");
+            }
+            assert_ne!(
+                r.headers().get("ratelimit-policy").map(|v| v.as_bytes()),
+                Some(&br#""0";q=2;w=2"#[..]),
+                "{what}: not metered by the store"
             );
             // Full: `a` is forgotten to make room, and `b` is metered.
             store.clock.advance(Duration::from_nanos(1));
@@ -886,14 +906,15 @@ fn the_builder_chooses_the_store() {
         .build()
         .unwrap();
     assert!(remote.local_store().is_none());
-    // The last store setting wins.
-    let back_home = RateLimitLayer::builder()
+    // The key cap and the clock are the in-process buckets': a backend keeps the store.
+    let still_remote = RateLimitLayer::builder()
         .backend(ProxyManager::new(EmbeddedBackend::new()))
         .max_keys(3)
+        .clock(ManualClock::new(0))
         .plans(plan())
         .build()
         .unwrap();
-    assert!(back_home.local_store().is_some());
+    assert!(still_remote.local_store().is_none());
 
     assert_eq!(
         RateLimitLayer::builder().max_keys(0).build().unwrap_err(),
@@ -982,7 +1003,7 @@ fn plans_file_errors_name_the_field() {
     );
 }
 
-/// A plan resolver that counts its `resolve` calls, and passes `fixed_plans` on.
+/// A plan resolver that counts its `resolve` calls.
 struct Counting<R> {
     inner: R,
     calls: Arc<AtomicUsize>,
@@ -992,9 +1013,6 @@ impl<R: PlanResolver> PlanResolver for Counting<R> {
     fn resolve(&self, key: &str) -> Option<Plan> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.resolve(key)
-    }
-    fn fixed_plans(&self) -> Option<Vec<Plan>> {
-        self.inner.fixed_plans()
     }
 }
 
@@ -1013,145 +1031,9 @@ fn two_plans() -> PlanTable {
     .unwrap()
 }
 
-/// Forgets every bucket a fresh one would replace, in `store`; how many.
-fn sweep(store: &Store, layer: &RateLimitLayer) -> usize {
-    match &store.manager {
-        None => layer.local_store().unwrap().sweep(),
-        Some(manager) => manager.backend().sweep(),
-    }
-}
-
-/// With fixed plans (a plans file) and the in-process store, a key is resolved only when it
-/// has no bucket: its plan is read off the bucket's configuration, with the same answers as
-/// resolving it — which a remote store does on every request.
-#[tokio::test]
-async fn a_known_client_of_fixed_plans_is_resolved_once() {
-    for store in stores(10_000) {
-        let kind = store.kind;
-        let calls = Arc::new(AtomicUsize::new(0));
-        let count = || calls.load(Ordering::SeqCst);
-        // The resolves expected so far: in process, remote.
-        let expect = |local: usize, remote: usize| match kind {
-            Kind::InProcess => local,
-            Kind::Remote => remote,
-        };
-        let layer = store
-            .builder()
-            .plans(Counting {
-                inner: two_plans(),
-                calls: calls.clone(),
-            })
-            .cost(|r| match r.uri().path() {
-                "/search" => 50,
-                "/export" => u64::MAX,
-                _ => 1,
-            })
-            .build()
-            .unwrap();
-        let svc = layer.clone().layer(hello());
-        for i in 1..=25u64 {
-            let r = call(&svc, req(Some("f"), "/books/1")).await;
-            if i <= 20 {
-                assert_eq!(r.status(), StatusCode::OK, "{kind:?} request {i}");
-                assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=20;w=60"#);
-                let t = if i == 20 { 3 } else { 0 };
-                assert_eq!(
-                    r.headers()["ratelimit"].to_str().unwrap(),
-                    format!(r#""burst";r={};t={t}"#, 20 - i),
-                    "{kind:?}"
-                );
-            } else {
-                assert_eq!(
-                    r.status(),
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "{kind:?} request {i}"
-                );
-                assert_eq!(r.headers()["retry-after"], "3");
-                assert_eq!(body_json(&r)["plan"], "free");
-            }
-        }
-        assert_eq!(
-            count(),
-            expect(1, 25),
-            "{kind:?}: resolved for the bucket's creation only"
-        );
-
-        // Each plan is read off its own bucket, with its own capacity for the cost check.
-        for _ in 0..3 {
-            call(&svc, req(Some("p"), "/books/1")).await;
-        }
-        let r = call(&svc, req(Some("p"), "/search")).await;
-        assert_eq!(r.status(), StatusCode::OK, "{kind:?}");
-        assert_eq!(r.headers()["ratelimit"], r#""burst";r=147;t=0"#, "{kind:?}");
-        assert_eq!(count(), expect(2, 29), "{kind:?}");
-
-        // A cost beyond the key's plan is answered from the plan, the bucket untouched.
-        store.clock.advance(Duration::from_secs(3));
-        let r = call(&svc, req(Some("f"), "/search")).await;
-        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{kind:?}");
-        assert_eq!(body_json(&r)["capacity"], 20);
-        let r = call(&svc, req(Some("p"), "/export")).await;
-        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{kind:?}");
-        assert_eq!(body_json(&r)["capacity"], 200);
-        assert_eq!(count(), expect(2, 31), "{kind:?}");
-        let r = call(&svc, req(Some("f"), "/books/1")).await;
-        assert_eq!(
-            r.status(),
-            StatusCode::OK,
-            "{kind:?}: the token refilled in 3 s is there"
-        );
-        assert_eq!(r.headers()["ratelimit"], r#""burst";r=0;t=3"#);
-
-        // An unknown key is resolved (and refused) each time; no bucket is made for it.
-        for _ in 0..2 {
-            let r = call(&svc, req(Some("u"), "/books/1")).await;
-            assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{kind:?}");
-        }
-        assert_eq!(count(), expect(4, 34), "{kind:?}");
-        assert_eq!(store.keys(&layer), 2, "{kind:?}");
-
-        // Once a bucket is forgotten (full again, swept), the key is resolved again, and
-        // gets a fresh bucket of its plan.
-        store.clock.advance(Duration::from_secs(3_600));
-        assert_eq!(sweep(&store, &layer), 2, "{kind:?}");
-        assert_eq!(store.keys(&layer), 0, "{kind:?}");
-        let before = count();
-        let r = call(&svc, req(Some("f"), "/books/1")).await;
-        assert_eq!(r.headers()["ratelimit"], r#""burst";r=19;t=0"#, "{kind:?}");
-        assert_eq!(count(), before + 1, "{kind:?}");
-
-        // A resolver whose answers may change (a closure) is asked on every request.
-        let table = two_plans();
-        let changing = Counting {
-            inner: move |key: &str| table.resolve(key),
-            calls: Arc::new(AtomicUsize::new(0)),
-        };
-        let calls = changing.calls.clone();
-        let svc = Store::new(kind, 10_000)
-            .builder()
-            .plans(changing)
-            .build()
-            .unwrap()
-            .layer(hello());
-        let mut seen = Vec::new();
-        for _ in 0..3 {
-            assert_eq!(
-                call(&svc, req(Some("f"), "/books/1")).await.status(),
-                StatusCode::OK
-            );
-            seen.push(calls.load(Ordering::SeqCst));
-        }
-        // In process, a key's first request may ask twice (the layer, then the store
-        // creating the bucket); every request asks.
-        assert!((1..=2).contains(&seen[0]), "{kind:?}: {seen:?}");
-        assert_eq!(seen[1..], [seen[0] + 1, seen[0] + 2], "{kind:?}");
-    }
-}
-
 /// A key whose bucket holds a configuration none of the plans has (made by another user of
-/// the store) is switched to the key's plan, tokens as they are: in process first (the
-/// request decided under the plan), on a remote store after (the request decided under the
-/// bucket's configuration).
+/// the store) is switched to the key's plan, tokens as they are, in both stores alike: the
+/// request decided under the bucket's configuration, then the bucket switched.
 #[tokio::test]
 async fn a_bucket_under_another_configuration_is_switched_to_the_plan() {
     for store in stores(10_000) {
@@ -1189,19 +1071,10 @@ async fn a_bucket_under_another_configuration_is_switched_to_the_plan() {
         let svc = layer.clone().layer(hello());
         let r = call(&svc, req(Some("f"), "/books/1")).await;
         assert_eq!(r.status(), StatusCode::OK, "{kind:?}");
-        match kind {
-            Kind::InProcess => {
-                // Switched (one token carried over), then decided under free.
-                assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=20;w=60"#);
-                assert_eq!(r.headers()["ratelimit"], r#""burst";r=0;t=3"#);
-            }
-            Kind::Remote => {
-                // Decided by the stored bucket (its last token), reported under its own
-                // policy, then switched.
-                assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=2;w=60"#);
-                assert_eq!(r.headers()["ratelimit"], r#""burst";r=0;t=30"#);
-            }
-        }
+        // Decided by the stored bucket (its last token), reported under its own policy,
+        // then switched.
+        assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=2;w=60"#);
+        assert_eq!(r.headers()["ratelimit"], r#""burst";r=0;t=30"#);
         let stored = match &store.manager {
             None => layer
                 .local_store()
@@ -1222,27 +1095,22 @@ async fn a_bucket_under_another_configuration_is_switched_to_the_plan() {
             "{kind:?}"
         );
         assert_eq!(count(), base + 1, "{kind:?}");
-        // From then on, the free plan's bucket (no tokens kept) decides; in process it is
-        // read without resolving.
+        // From then on, the free plan's bucket (no tokens kept) decides.
         let r = call(&svc, req(Some("f"), "/books/1")).await;
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{kind:?}");
         assert_eq!(r.headers()["ratelimit-policy"], r#""burst";q=20;w=60"#);
         assert_eq!(r.headers()["retry-after"], "3", "{kind:?}");
-        let resolves = match kind {
-            Kind::InProcess => base + 1,
-            Kind::Remote => base + 2,
-        };
-        assert_eq!(count(), resolves, "{kind:?}");
+        assert_eq!(count(), base + 2, "{kind:?}: one resolve per request");
     }
 }
 
-/// The two in-process paths (fixed plans, resolved per request) answer alike when a key's
-/// bucket holds a configuration equal to its plan's, from another allocation (set through
+/// A plan (fixed) and a closure (resolved per request) answer alike when a key's bucket
+/// holds a configuration equal to its plan's, from another allocation (set through
 /// `local_store()`): it is the plan's configuration, nothing to switch. Switching it anyway
 /// is not harmless: an AS_IS replacement caps tokens at the capacity (and starts anonymous
 /// bandwidths afresh), so a bonus given with `force_add_tokens` is lost.
 #[tokio::test]
-async fn a_bucket_equal_to_its_plan_is_not_switched_with_fixed_plans() {
+async fn a_bucket_equal_to_its_plan_is_not_switched() {
     let mut remaining = Vec::new();
     for fixed in [true, false] {
         let clock = ManualClock::new(1_000_000_000);
@@ -1279,10 +1147,10 @@ async fn a_bucket_equal_to_its_plan_is_not_switched_with_fixed_plans() {
     assert_eq!(remaining, ["114", "114"], "fixed plans, resolved plans");
 }
 
-/// With fixed plans, two plans of equal limits are two plans: a key is answered under its
+/// Two plans of equal limits are two plans: a key is answered under its
 /// own, whatever the store shares between equal configurations.
 #[tokio::test]
-async fn fixed_plans_of_equal_limits_keep_their_names() {
+async fn plans_of_equal_limits_keep_their_names() {
     let table = PlanTable::from_toml(
         r#"
         [plans.free]
