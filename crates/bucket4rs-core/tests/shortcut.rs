@@ -161,6 +161,8 @@ proptest! {
         same(&TryConsumeAndReturnRemaining(n), &c, s, now)?;
         same(&EstimateAbilityToConsume(n), &c, s, now)?;
         same(&AvailableTokens, &c, s, now)?;
+        // The verbose wrapper runs the wrapped shortcut: the same output and state after.
+        same(&bucket4rs_core::ops::Verbose(TryConsumeAndReturnRemaining(n)), &c, s, now)?;
     }
 }
 
