@@ -73,3 +73,16 @@ pub use manager::{
 pub use postgres::{InvalidTableName, PostgresBackend, PostgresOptions, PostgresStats, Reaper};
 #[cfg(feature = "redis")]
 pub use redis_backend::{RedisBackend, RedisOptions, RedisStats};
+
+/// The `deadpool-postgres` crate of the PostgreSQL backend's pool, for
+/// [`PostgresBackend::with_pool`].
+#[cfg(feature = "postgres")]
+pub use deadpool_postgres;
+/// The `redis` crate the Redis backend is built on (1.x), for
+/// [`RedisBackend::with_client`] with the very version the backend takes.
+#[cfg(feature = "redis")]
+pub use redis;
+/// The `tokio-postgres` crate the PostgreSQL backend is built on, for
+/// [`PostgresBackend::with_config`].
+#[cfg(feature = "postgres")]
+pub use tokio_postgres;

@@ -269,12 +269,19 @@ fn ttl_ms(ttl: Option<Duration>) -> String {
 }
 
 impl RedisBackend {
-    /// Connects to `url` (`redis://host:port/db`) with `options`.
+    /// A backend for the Redis at `url` (`redis://[user:password@]host:port/db`) with
+    /// `options`.
+    ///
+    /// Creating it never waits for the server and never fails because the server is down:
+    /// it connects in the background (on the current tokio runtime), and until Redis answers
+    /// every call fails at once with a retryable [`BackendErrorKind::Unavailable`] (nothing
+    /// was sent), which the manager's retries, its circuit breaker and a
+    /// failure policy (`bucket4rs-tower`'s `FailurePolicy`) handle as any outage. So an application starts
+    /// while its store is down and serves per its failure policy until the store answers.
     ///
     /// # Errors
-    /// [`BackendErrorKind::Unavailable`] / [`BackendErrorKind::Timeout`] when Redis cannot
-    /// be reached within the connect timeout; [`BackendErrorKind::Other`] for a zero response
-    /// or connect timeout (every call would fail).
+    /// [`BackendErrorKind::Other`] for a URL the `redis` crate does not read, and for a zero
+    /// response or connect timeout (every call would fail).
     ///
     /// ```no_run
     /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
@@ -283,6 +290,29 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, BackendError> {
+        let client = redis::Client::open(url).map_err(map_err)?;
+        Self::with_client(client, options)
+    }
+
+    /// A backend on a `redis` [`Client`](redis::Client) of the application's own, with its
+    /// address, credentials, database, TCP and TLS settings; otherwise as
+    /// [`connect`](Self::connect) (it connects in the background when called on a tokio
+    /// runtime, else on the first call). The backend makes its own connections from the
+    /// client, speaking RESP3 (Redis 6 or newer) whatever the client's protocol: it must know
+    /// when a connection has ended to replace it before the next command, which is why it
+    /// takes a client rather than a connection.
+    ///
+    /// # Errors
+    /// [`BackendErrorKind::Other`] for a zero response or connect timeout.
+    ///
+    /// ```no_run
+    /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://app:secret@cache.internal:6379/2")?;
+    /// let backend = RedisBackend::with_client(client.clone(), RedisOptions::default())?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_client(client: redis::Client, options: RedisOptions) -> Result<Self, BackendError> {
         if options.response_timeout.is_zero() || options.connect_timeout.is_zero() {
             // Either would fail every call: refused rather than accepted.
             return Err(BackendError::new(
@@ -290,17 +320,15 @@ impl RedisBackend {
                 "RedisOptions: the response and connect timeouts must be above zero",
             ));
         }
-        let client = resp3(redis::Client::open(url).map_err(map_err)?)?;
-        let pool = Pool::connect(
-            client,
+        let pool = Arc::new(Pool::new(
+            resp3(client)?,
             options.connections,
             options.connect_timeout,
             options.response_timeout,
-            options.connect_timeout,
-        )
-        .await?;
+        ));
+        pool.start();
         Ok(Self {
-            pool: Arc::new(pool),
+            pool,
             op: Arc::new(Script::new(OP_SCRIPT)),
             cas: Arc::new(Script::new(CAS_SCRIPT)),
             counters: Arc::new(Counters::default()),

@@ -70,6 +70,11 @@ impl ClockOffset {
         self.lock().observe(seen, Instant::now());
     }
 
+    /// Whether a reply has carried the server's clock yet.
+    pub(crate) fn is_observed(&self) -> bool {
+        self.lock().since.is_some()
+    }
+
     /// An estimate of the server's clock now, in µs since the epoch: slightly behind it (by
     /// the transit of the reply the bound came from).
     pub(crate) fn server_now_us(&self) -> i64 {

@@ -57,6 +57,11 @@ const MIGRATE_LOCK: i64 = 0x0062_3472_736d_6967;
 /// `INSERT` to a concurrent creator (the row is locked by nobody yet); the second then locks
 /// the row. More are needed only if the row is deleted in between (`remove`).
 const LOCKED_ATTEMPTS: u32 = 4;
+/// The first wait of the background clock reading after a failure; it doubles up to
+/// [`MAX_START_BACKOFF`].
+const START_BACKOFF: Duration = Duration::from_millis(50);
+/// The longest wait of the background clock reading between two attempts.
+const MAX_START_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Buckets in PostgreSQL.
 ///
@@ -129,13 +134,17 @@ impl fmt::Debug for PostgresBackend {
 }
 
 impl PostgresBackend {
-    /// Connects a pool to `url` (`postgres://user@host:port/db`, or a key=value string).
-    /// Checks one connection, so an unreachable server is an error here.
+    /// A backend with a pool of connections to `url` (`postgres://user@host:port/db`, or a
+    /// key=value string) and `options`.
+    ///
+    /// Creating it never waits for the server and never fails because the server is down:
+    /// it connects in the background (on the current tokio runtime), and until PostgreSQL
+    /// answers every call fails at once with a retryable [`BackendErrorKind::Unavailable`]
+    /// (nothing was sent), which the manager's retries, its circuit breaker and a
+    /// failure policy (`bucket4rs-tower`'s `FailurePolicy`) handle as any outage.
     ///
     /// # Errors
-    /// [`BackendErrorKind::Other`] for a malformed URL, [`BackendErrorKind::Unavailable`] /
-    /// [`BackendErrorKind::Timeout`] when the server cannot be reached in time or takes no
-    /// more connections (every slot in use: `53300`).
+    /// [`BackendErrorKind::Other`] for a malformed URL.
     ///
     /// ```no_run
     /// # use bucket4rs_distributed::{PostgresBackend, PostgresOptions};
@@ -147,17 +156,43 @@ impl PostgresBackend {
     /// # Ok(()) }
     /// ```
     pub async fn connect(url: &str, options: PostgresOptions) -> Result<Self, BackendError> {
-        let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| {
             BackendError::new(BackendErrorKind::Other, format!("bad PostgreSQL URL: {e}"))
         })?;
+        Self::with_config(config, options)
+    }
+
+    /// A backend with a pool of connections made from the application's own
+    /// [`tokio_postgres::Config`] (host, user, password, database, its own options); otherwise
+    /// as [`connect`](Self::connect). The backend adds its session settings
+    /// (`lock_timeout`, `statement_timeout`, `idle_in_transaction_session_timeout`, from
+    /// `options`) to the config's `options`, and `options`' connect timeout.
+    ///
+    /// # Errors
+    /// [`BackendErrorKind::Other`] if the pool cannot be built.
+    ///
+    /// ```no_run
+    /// # use bucket4rs_distributed::{PostgresBackend, PostgresOptions};
+    /// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut config = tokio_postgres::Config::new();
+    /// config.host("db.internal").user("app").password("secret").dbname("app");
+    /// let backend = PostgresBackend::with_config(config, PostgresOptions::default())?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_config(
+        mut config: tokio_postgres::Config,
+        options: PostgresOptions,
+    ) -> Result<Self, BackendError> {
         let mut session = options.session_options();
         if let Some(user) = config.get_options() {
             session = format!("{user} {session}");
         }
         config
             .options(&session)
-            .connect_timeout(options.connect_timeout)
-            .application_name("bucket4rs");
+            .connect_timeout(options.connect_timeout);
+        if config.get_application_name().is_none() {
+            config.application_name("bucket4rs");
+        }
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -173,6 +208,26 @@ impl PostgresBackend {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| BackendError::new(BackendErrorKind::Other, e.to_string()))?;
+        Ok(Self::with_pool(pool, options))
+    }
+
+    /// A backend on the application's own `deadpool-postgres` [`Pool`](deadpool_postgres::Pool),
+    /// with its connections, TLS and pool settings as they are; `options` gives the table,
+    /// the clock tolerance, the cache and the optimistic rounds (its pool, connection and
+    /// session settings are the pool's business here). Set `lock_timeout` and
+    /// `statement_timeout` on the pool's connections (their `options`): without them a
+    /// statement waits for a row lock as long as PostgreSQL lets it, bounded only by the
+    /// manager's timeout (a late write is still refused: every write checks the caller's
+    /// deadline on the database clock). Connects in the background as [`connect`](Self::connect)
+    /// does.
+    ///
+    /// ```no_run
+    /// # use bucket4rs_distributed::{PostgresBackend, PostgresOptions};
+    /// # fn run(pool: deadpool_postgres::Pool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = PostgresBackend::with_pool(pool.clone(), PostgresOptions::default());
+    /// # Ok(()) }
+    /// ```
+    pub fn with_pool(pool: Pool, options: PostgresOptions) -> Self {
         let sql = Sql::new(&options.quoted);
         let backend = Self {
             inner: Arc::new(Inner {
@@ -185,23 +240,51 @@ impl PostgresBackend {
                 counters: Counters::default(),
             }),
         };
-        let budget = backend.inner.options.connect_timeout.saturating_mul(2);
+        backend.start();
         backend
-            .bounded(budget, async {
-                let client = backend.inner.pool.get().await.map_err(map_pool)?;
-                let row = client
-                    .query_one(
-                        "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8",
-                        &[],
-                    )
-                    .await
-                    .map_err(map_pg)?;
-                let us: i64 = row.try_get(0).map_err(|e| protocol(&e.to_string()))?;
-                backend.observe_clock(us);
-                Ok(())
-            })
-            .await?;
-        Ok(backend)
+    }
+
+    /// Reads the database clock in the background on the current tokio runtime (none: the
+    /// first statement's reply does), retrying with a backoff (50 ms, doubling up to 5 s)
+    /// until the server answers, so that a backend can be created while its server is down.
+    /// Ends when it has answered or the backend is dropped.
+    fn start(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            let mut wait = START_BACKOFF;
+            loop {
+                let Some(inner) = inner.upgrade() else { return };
+                let backend = Self { inner };
+                let budget = backend.inner.options.connect_timeout.saturating_mul(2);
+                if backend.read_clock(budget).await.is_ok() {
+                    return;
+                }
+                drop(backend);
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(MAX_START_BACKOFF);
+            }
+        });
+    }
+
+    /// One reading of `clock_timestamp()` for the estimate of the database clock.
+    async fn read_clock(&self, budget: Duration) -> Result<(), BackendError> {
+        self.bounded(budget, async {
+            let client = self.inner.pool.get().await.map_err(map_pool)?;
+            let row = client
+                .query_one(
+                    "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8",
+                    &[],
+                )
+                .await
+                .map_err(map_pg)?;
+            let us: i64 = row.try_get(0).map_err(|e| protocol(&e.to_string()))?;
+            self.observe_clock(us);
+            Ok(())
+        })
+        .await
     }
 
     /// Creates the table if it does not exist (idempotent, safe to run from many processes

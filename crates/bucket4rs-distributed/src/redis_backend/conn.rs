@@ -82,16 +82,22 @@ fn unavailable_within(until: Instant) -> BackendError {
     .retryable(true)
 }
 
+/// The first wait of the background connector after a failed attempt; it doubles up to
+/// [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+/// The longest wait of the background connector between two attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
 impl Pool {
-    /// Connects every slot (within `budget` each) and reads the server's clock once.
-    pub(super) async fn connect(
+    /// A pool whose slots have no connection yet: nothing is sent until [`start`](Self::start)
+    /// or the first command.
+    pub(super) fn new(
         client: redis::Client,
         connections: usize,
         connect_timeout: Duration,
         response_timeout: Duration,
-        budget: Duration,
-    ) -> Result<Self, BackendError> {
-        let pool = Self {
+    ) -> Self {
+        Self {
             client,
             slots: (0..connections.max(1))
                 .map(|_| tokio::sync::Mutex::new(None))
@@ -100,31 +106,31 @@ impl Pool {
             connect_timeout,
             response_timeout,
             skew: ClockOffset::new(),
-        };
-        for slot in 0..pool.slots.len() {
-            let until = Instant::now() + budget;
-            let live = pool.live(slot, until).await.map_err(|e| {
-                if e.kind() == BackendErrorKind::Unavailable && e.is_retryable() {
-                    BackendError::new(
-                        BackendErrorKind::Timeout,
-                        format!("could not connect to Redis within {budget:?}: {e}"),
-                    )
-                } else {
-                    e
-                }
-            })?;
-            if slot == 0 {
-                let mut conn = live.conn;
-                let sent = host_micros();
-                let time: (i64, i64) = redis::cmd("TIME")
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(map_err)?;
-                let arrived = host_micros().max(sent);
-                pool.observe(time.0, time.1, arrived);
-            }
         }
-        Ok(pool)
+    }
+
+    /// Connects the first slot in the background on the current tokio runtime (none: the
+    /// first command connects), retrying with a backoff (50 ms, doubling up to 5 s) until a
+    /// connection is made, so that a backend can be created while its server is down or
+    /// refuses the handshake. Ends when the connection is made or the pool is dropped.
+    pub(super) fn start(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = Arc::downgrade(self);
+        runtime.spawn(async move {
+            let mut wait = FIRST_BACKOFF;
+            loop {
+                let Some(pool) = pool.upgrade() else { return };
+                let until = Instant::now() + pool.connect_timeout;
+                if pool.live(0, until).await.is_ok() {
+                    return;
+                }
+                drop(pool);
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(MAX_BACKOFF);
+            }
+        });
     }
 
     pub(super) fn len(&self) -> usize {
@@ -175,6 +181,22 @@ impl Pool {
             }
             Err(_) => return Err(unavailable_within(until)),
         };
+        if !self.skew.is_observed() {
+            // No reading of the server's clock yet (the backend was created while the server
+            // was down): read it before the first command, whose deadline depends on it. A
+            // read changes nothing, so its failure is retryable too.
+            let mut conn = conn.clone();
+            let left = until.saturating_duration_since(Instant::now());
+            let cmd = redis::cmd("TIME");
+            let sent = host_micros();
+            match tokio::time::timeout(left, cmd.query_async::<(i64, i64)>(&mut conn)).await {
+                Ok(Ok((seconds, micros))) => {
+                    self.observe(seconds, micros, host_micros().max(sent));
+                }
+                Ok(Err(e)) => return Err(map_err(e).retryable(true)),
+                Err(_) => return Err(unavailable_within(until)),
+            }
+        }
         let live = Live { conn, dead };
         *current = Some(live.clone());
         Ok(live)

@@ -585,19 +585,79 @@ fn redis_outage_errors_within_the_timeout_and_resumes_without_granting_twice() {
     });
 }
 
+/// Created against a port nobody listens on: creation succeeds at once, and every call fails
+/// at once with a retryable `Unavailable` (nothing was sent), so a start-up loop keyed on
+/// `is_retryable()` keeps trying (before, `connect` failed after 0.8 ms with a non-retryable
+/// `Timeout`, "could not connect to Redis within 1s").
 #[test]
-fn an_unreachable_redis_is_a_typed_error_within_the_timeout() {
+fn an_unreachable_redis_is_created_and_its_calls_fail_fast_and_retryably() {
     let rt = runtime();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let t = Instant::now();
-    let r = rt.block_on(RedisBackend::connect(
-        &format!("redis://127.0.0.1:{port}"),
-        RedisOptions::default().connect_timeout(Duration::from_millis(100)),
-    ));
-    assert!(r.is_err());
-    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    rt.block_on(async {
+        let t = Instant::now();
+        let backend = RedisBackend::connect(
+            &format!("redis://127.0.0.1:{port}"),
+            RedisOptions::default(),
+        )
+        .await
+        .expect("creation does not wait for the server");
+        assert!(
+            t.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            t.elapsed()
+        );
+        let manager = ProxyManager::new(backend.clone());
+        let key = manager.storage_key("k").unwrap();
+        for _ in 0..5 {
+            let t = Instant::now();
+            let e = bucket4rs_distributed::Backend::read(&backend, &key)
+                .await
+                .unwrap_err();
+            assert_eq!(
+                e.kind(),
+                bucket4rs_distributed::BackendErrorKind::Unavailable,
+                "{e}"
+            );
+            assert!(e.is_retryable(), "nothing was sent: {e}");
+            assert!(
+                t.elapsed() < Duration::from_millis(100),
+                "{:?}",
+                t.elapsed()
+            );
+        }
+    });
+}
+
+/// The application's own `redis::Client` (here with the database in the URL): the backend
+/// uses its settings and keeps its limits exactly.
+#[test]
+fn a_backend_on_the_applications_own_client_keeps_its_limits() {
+    let rt = runtime();
+    rt.block_on(async {
+        let client = redis::Client::open(url()).unwrap();
+        let backend = RedisBackend::with_client(client, RedisOptions::default()).unwrap();
+        let manager = ProxyManager::configure(backend.clone())
+            .key_prefix(unique_prefix("own-client"))
+            .build()
+            .unwrap();
+        let b = manager
+            .builder()
+            .build("k", || simple(3, Duration::from_secs(3_600)))
+            .unwrap();
+        let granted = [
+            b.try_consume(1).await.unwrap(),
+            b.try_consume(1).await.unwrap(),
+            b.try_consume(1).await.unwrap(),
+            b.try_consume(1).await.unwrap(),
+        ];
+        assert_eq!(granted, [true, true, true, false]);
+        let mut raw = raw().await;
+        let stored: Option<Vec<u8>> = raw.get(b.key().as_str()).await.unwrap();
+        assert!(stored.is_some_and(|r| format::decode(&r).is_ok()));
+        assert!(manager.remove("k").await.unwrap());
+    });
 }

@@ -437,6 +437,70 @@ fn fault_redis_first_request_after_a_restart_succeeds() {
     });
 }
 
+/// A backend created while its server is down (nothing listens on the port): created at
+/// once, its calls fail at once with a retryable `Unavailable`, and once a server starts on
+/// the port the calls succeed with no restart of the application, charging exactly once.
+#[test]
+fn fault_redis_backend_created_while_the_server_is_down_serves_once_it_starts() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    runtime().block_on(async {
+        let t = Instant::now();
+        let backend = RedisBackend::connect(
+            &format!("redis://127.0.0.1:{port}"),
+            RedisOptions::default(),
+        )
+        .await
+        .expect("created while the server is down");
+        let created = t.elapsed();
+        let manager = ProxyManager::configure(backend.clone())
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let b = manager
+            .builder()
+            .build("k", || simple(100, Duration::from_secs(1_000_000)))
+            .unwrap();
+        let mut slowest = Duration::ZERO;
+        for _ in 0..5 {
+            let t = Instant::now();
+            let e = backend.read(b.key()).await.unwrap_err();
+            slowest = slowest.max(t.elapsed());
+            assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{e}");
+            assert!(e.is_retryable(), "nothing was sent: {e}");
+        }
+        let r = b.try_consume(1).await;
+        assert!(r.as_ref().is_err_and(|e| e.is_unavailable()), "{r:?}");
+        let server = OwnRedis::start(Some(port), None);
+        let started = Instant::now();
+        let mut failed = 0;
+        loop {
+            match b.try_consume(1).await {
+                Ok(granted) => {
+                    assert!(granted);
+                    break;
+                }
+                Err(e) if e.is_unavailable() && started.elapsed() < Duration::from_secs(10) => {
+                    failed += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("no success 10 s after the server started: {e}"),
+            }
+        }
+        let first = started.elapsed();
+        println!(
+            "fault: redis created while down: created in {created:?}; calls failed in at most {slowest:?} (retryable Unavailable); first success {first:?} after the server started ({failed} calls failed meanwhile)"
+        );
+        assert!(created < Duration::from_millis(100), "{created:?}");
+        assert!(slowest < Duration::from_millis(100), "{slowest:?}");
+        assert_eq!(b.available_tokens().await.unwrap(), 99);
+        drop(server);
+    });
+}
+
 /// With Redis refusing connections, each call fails promptly with a retryable `Unavailable`
 /// (no reconnect backoff inside the backend): the manager's retry policy and timeout alone
 /// decide how long a caller waits.

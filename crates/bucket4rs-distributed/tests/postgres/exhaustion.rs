@@ -125,16 +125,16 @@ fn fault_postgres_connection_slots_exhausted_fail_typed_and_charge_nothing() {
             "{refusal}"
         );
 
-        let connect =
-            PostgresBackend::connect(&server.url(), options.clone().table(table).unwrap())
-                .await
-                .map(|_| ());
-        let connect_kind = connect.as_ref().map_err(|e| e.kind()).err();
-        assert_eq!(
-            connect_kind,
-            Some(BackendErrorKind::Unavailable),
-            "{connect:?}"
-        );
+        // A backend created now: created at once, its calls refused as the server refuses
+        // its connections (53300), retryably.
+        let late = PostgresBackend::connect(&server.url(), options.clone().table(table).unwrap())
+            .await
+            .unwrap();
+        let refused = bucket4rs_distributed::Backend::read(&late, b.key())
+            .await
+            .unwrap_err();
+        assert_eq!(refused.kind(), BackendErrorKind::Unavailable, "{refused}");
+        assert!(refused.is_retryable(), "{refused}");
 
         let t = Instant::now();
         let mut slowest = Duration::ZERO;
@@ -167,10 +167,11 @@ fn fault_postgres_connection_slots_exhausted_fail_typed_and_charge_nothing() {
         println!(
             "fault: postgres connection slots exhausted: {calls} calls failed in {:?} ms \
              (slowest {slowest:?}, timeout {timeout:?}; typed: Backend(Unavailable), first \
-             \"{first}\"; connect: {connect_kind:?}), tokens charged 0; recovered after {freed} \
+             \"{first}\"; a backend created now: {:?} retryable), tokens charged 0; recovered after {freed} \
              slots freed in {} ms ({failed_after} more failed calls); granted {granted}, \
              charged {} of 100",
             failing.as_millis(),
+            refused.kind(),
             recovered.as_millis(),
             100 - left
         );

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use bucket4rs_core::{Bandwidth, BucketConfiguration, ManualClock, ops::TryConsume};
 use bucket4rs_distributed::{
-    DistributedError, PostgresBackend, PostgresOptions, ProxyManager, RemoteBucket, TimeSource,
-    format,
+    BackendErrorKind, DistributedError, PostgresBackend, PostgresOptions, ProxyManager,
+    RemoteBucket, TimeSource, format,
 };
 
 use super::{backend_with, multi_thread, raw_at};
@@ -24,13 +24,10 @@ pub(super) async fn own_backend(
     // longer than a test's short ones to answer its first connection.
     backend_with(table, PostgresOptions::default(), &server.url()).await;
     let options = options.table(table).expect("valid table name");
-    let by = Instant::now() + Duration::from_secs(20);
-    let backend = loop {
-        match PostgresBackend::connect(&server.url(), options.clone()).await {
-            Ok(b) => break b,
-            Err(e) => assert!(Instant::now() < by, "no connection to our own server: {e}"),
-        }
-    };
+    let backend = PostgresBackend::connect(&server.url(), options)
+        .await
+        .unwrap();
+    super::answering(&backend, &server.url()).await;
     (backend, raw_at(&server.url()).await)
 }
 
@@ -212,6 +209,54 @@ async fn futures_join<F: core::future::Future>(calls: impl Iterator<Item = F>) -
 
 /// `pg_ctl stop -m immediate`, then a start on the same port: the first request after the
 /// restart succeeds, and no token is charged twice.
+/// A backend created while its server is down (initialised, not started): created at once,
+/// its calls fail at once with a retryable `Unavailable`, and once the server starts (and the
+/// table is made) the calls succeed with no restart of the application, charging exactly once.
+#[test]
+fn fault_postgres_backend_created_while_the_server_is_down_serves_once_it_starts() {
+    let server = OwnPostgres::init();
+    multi_thread().block_on(async {
+        let t = Instant::now();
+        let options = PostgresOptions::default().table("down").unwrap();
+        let backend = PostgresBackend::connect(&server.url(), options)
+            .await
+            .expect("created while the server is down");
+        let created = t.elapsed();
+        let manager = ProxyManager::configure(backend.clone())
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let b = manager
+            .builder()
+            .build("k", || simple(100, Duration::from_secs(1_000_000)))
+            .unwrap();
+        let mut slowest = Duration::ZERO;
+        for _ in 0..5 {
+            let t = Instant::now();
+            let e = bucket4rs_distributed::Backend::read(&backend, b.key())
+                .await
+                .unwrap_err();
+            slowest = slowest.max(t.elapsed());
+            assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{e}");
+            assert!(e.is_retryable(), "nothing was sent: {e}");
+        }
+        let r = b.try_consume(1).await;
+        assert!(r.as_ref().is_err_and(|e| e.is_unavailable()), "{r:?}");
+        server.start();
+        let started = Instant::now();
+        super::answering(&backend, &server.url()).await; // and migrated
+        let first = b.try_consume(1).await;
+        let took = started.elapsed();
+        println!(
+            "fault: postgres created while down: created in {created:?}; calls failed in at most {slowest:?} (retryable Unavailable); first success {took:?} after the server started (its migration included): {first:?}"
+        );
+        assert!(first.unwrap());
+        assert!(created < Duration::from_millis(100), "{created:?}");
+        assert!(slowest < Duration::from_millis(100), "{slowest:?}");
+        assert_eq!(b.available_tokens().await.unwrap(), 99);
+    });
+}
+
 #[test]
 fn fault_postgres_restart_first_request_succeeds_and_charges_once() {
     let server = started();
