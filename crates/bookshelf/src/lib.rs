@@ -32,12 +32,10 @@ use serde::{Deserialize, Serialize};
 use tower::{Layer as _, Service};
 
 mod args;
-mod deferred;
 mod serve;
 mod store;
 
 pub use args::{Args, ArgsError, MAX_BACKEND_CONNECTIONS, OnFailure, Store, USAGE, load_plans};
-pub use deferred::Deferred;
 pub use serve::{MAX_CONNECTIONS, ServeOptions, serve_with};
 pub use store::{App, app_from};
 

@@ -4,23 +4,23 @@ use core::time::Duration;
 
 use axum::Router;
 use bucket4rs_distributed::{
-    Backend, BackendClock, PostgresBackend, PostgresOptions, ProxyManager, RedisBackend,
-    RedisOptions,
+    Backend, PostgresBackend, PostgresOptions, ProxyManager, RedisBackend, RedisOptions,
 };
 use bucket4rs_tower::{PlanTable, RateLimit, RateLimitLayer};
 
-use crate::{Args, Deferred, Store, WithHealth};
+use crate::{Args, Store, WithHealth};
 
 /// The rate-limited application of [`app`](crate::app), whatever its store.
 pub type App = WithHealth<RateLimit<Router>>;
 
 /// The application `args` describe, and where its buckets live (for the banner). Call it
-/// on a tokio runtime: a Redis or PostgreSQL store is connected in the background
-/// ([`Deferred`]), so the server serves at once, and until the store is reachable limited
+/// on a tokio runtime: a Redis or PostgreSQL backend is created at once and connects in the
+/// background, so the server serves at once, and until the store is reachable limited
 /// requests get the `--on-backend-failure` answer.
 ///
 /// # Errors
-/// The layer or the manager refuses a setting (the message names the flag).
+/// A store URL that cannot be read, or the layer or the manager refuses a setting (the
+/// message names the flag).
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
@@ -45,16 +45,12 @@ pub fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), String> 
             if let Some(n) = args.connections {
                 options = options.connections(n);
             }
-            let target = url.clone();
-            let backend = Deferred::connect("Redis", BackendClock::WallClock, move || {
-                let (url, options) = (target.clone(), options.clone());
-                async move {
-                    let backend = RedisBackend::connect(&url, options)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    Ok((backend, ()))
-                }
-            });
+            // Created at once: the backend connects in the background, and until Redis
+            // answers its calls fail, which the failure policy answers.
+            let client = bucket4rs_distributed::redis::Client::open(url.as_str())
+                .map_err(|e| format!("--redis: {e}"))?;
+            let backend =
+                RedisBackend::with_client(client, options).map_err(|e| format!("--redis: {e}"))?;
             Ok((shared(args, backend, plans)?, format!("Redis at {url}")))
         }
         Store::Postgres(url) => {
@@ -62,29 +58,35 @@ pub fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), String> 
             if let Some(n) = args.connections {
                 options = options.max_connections(n);
             }
-            let target = url.clone();
-            let backend = Deferred::connect("PostgreSQL", BackendClock::WallClock, move || {
-                let (url, options) = (target.clone(), options.clone());
-                async move {
-                    let backend = PostgresBackend::connect(&url, options)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    backend
-                        .migrate()
-                        .await
-                        .map_err(|e| format!("creating the bucket table: {e}"))?;
-                    // Expired rows are invisible at once; the reaper deletes them for as
-                    // long as the backend lives.
-                    let reaper = backend.spawn_reaper(Duration::from_secs(30), 1_000);
-                    Ok((backend, reaper))
-                }
-            });
+            let config: bucket4rs_distributed::tokio_postgres::Config =
+                url.parse().map_err(|e| format!("--postgres: {e}"))?;
+            // Created at once, as for Redis; the table is made once PostgreSQL answers.
+            let backend = PostgresBackend::with_config(config, options)
+                .map_err(|e| format!("--postgres: {e}"))?;
+            tokio::spawn(migrate_then_reap(backend.clone()));
             Ok((
                 shared(args, backend, plans)?,
                 format!("PostgreSQL at {url}"),
             ))
         }
     }
+}
+
+/// Creates the bucket table once PostgreSQL answers (retrying: 250 ms, doubling up to 5 s),
+/// then deletes expired rows every 30 s for as long as the process runs (expired rows are
+/// invisible at once; the reaper only frees their space).
+async fn migrate_then_reap(backend: PostgresBackend) {
+    let mut wait = Duration::from_millis(250);
+    let mut failed = 0u32;
+    while let Err(e) = backend.migrate().await {
+        failed = failed.saturating_add(1);
+        tracing::warn!("PostgreSQL: cannot create the bucket table ({e}); retrying in {wait:?}");
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+    tracing::info!("PostgreSQL: bucket table ready after {failed} failed attempts");
+    let _reaper = backend.spawn_reaper(Duration::from_secs(30), 1_000);
+    core::future::pending::<()>().await;
 }
 
 /// The application over a shared store.
