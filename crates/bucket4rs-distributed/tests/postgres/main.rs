@@ -818,6 +818,13 @@ fn a_lock_holder_blocks_callers_only_until_the_timeouts_and_termination_frees_th
         let t = Instant::now();
         assert!(other.try_consume(1).await.unwrap());
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        // The calls that failed under the lock charged nothing (a plain read does not wait
+        // for the row lock).
+        let sure_k = lenient
+            .builder()
+            .build("k", || simple(100, Duration::from_secs(1_000_000)))
+            .unwrap();
+        assert_eq!(sure_k.available_tokens().await.unwrap(), 99);
         let killed: bool = raw()
             .await
             .query_one("SELECT pg_terminate_backend($1)", &[&pid])
@@ -827,17 +834,27 @@ fn a_lock_holder_blocks_callers_only_until_the_timeouts_and_termination_frees_th
         assert!(killed);
         drop(hold);
         let deadline = Instant::now() + Duration::from_secs(5);
+        // Failed calls whose statement may have committed before the caller gave up (a reply
+        // later than the 600 ms timeout on a loaded machine): each may have charged once.
+        let mut in_doubt = 0;
         loop {
             match b.try_consume(1).await {
                 Ok(r) => {
                     assert!(r);
                     break;
                 }
-                Err(e) => assert!(Instant::now() < deadline, "no recovery: {e}"),
+                Err(e) => {
+                    in_doubt += 1;
+                    assert!(Instant::now() < deadline, "no recovery: {e}");
+                }
             }
         }
-        // Nothing was granted twice or lost by the failed calls.
-        assert_eq!(b.available_tokens().await.unwrap(), 98);
+        // Nothing was granted twice: one success, and at most one charge per call in doubt.
+        let left = b.available_tokens().await.unwrap();
+        assert!(
+            (98 - in_doubt..=98).contains(&left),
+            "{left} left, {in_doubt} in doubt"
+        );
     });
 }
 
