@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use http::{Extensions, HeaderMap, HeaderName, Method, Request, Uri};
 
+use crate::client_ip::ClientIp;
+
 /// Keys longer than this many bytes are refused (as a missing key) before any backend call.
 pub(crate) const MAX_KEY_LEN: usize = 256;
 
@@ -109,7 +111,7 @@ type KeyFn = dyn for<'a> Fn(&RequestInfo<'a>) -> Option<String> + Send + Sync;
 #[derive(Clone)]
 enum Kind {
     Header(HeaderName),
-    ClientIp,
+    Client(Arc<ClientIp>),
     Fn(Arc<KeyFn>),
 }
 
@@ -134,7 +136,7 @@ impl fmt::Debug for KeyExtractor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
             Kind::Header(h) => write!(f, "KeyExtractor::Header({h})"),
-            Kind::ClientIp => f.write_str("KeyExtractor::ClientIp"),
+            Kind::Client(c) => write!(f, "KeyExtractor::Client({c:?})"),
             Kind::Fn(_) => f.write_str("KeyExtractor::Fn"),
         }
     }
@@ -156,8 +158,11 @@ impl KeyExtractor {
         }
     }
 
-    /// The client IP address (see [`RequestInfo::peer_addr`]); serve axum with
-    /// `into_make_service_with_connect_info::<SocketAddr>()` and enable feature `axum`.
+    /// The peer's IP address (see [`RequestInfo::peer_addr`]; serve axum with
+    /// `into_make_service_with_connect_info::<SocketAddr>()` and enable feature `axum`),
+    /// IPv6 grouped by /64: [`client`](Self::client) with [`ClientIp::new`]. Behind a load
+    /// balancer, every client's peer is the balancer: use [`client`](Self::client) with
+    /// [`ClientIp::behind`] there.
     ///
     /// ```
     /// # use bucket4rs_tower::{KeyExtractor, RequestInfo};
@@ -166,7 +171,23 @@ impl KeyExtractor {
     /// assert_eq!(KeyExtractor::client_ip().extract(&RequestInfo::new(&req)).as_deref(), Some("10.1.2.3"));
     /// ```
     pub fn client_ip() -> Self {
-        Self(Kind::ClientIp)
+        Self::client(ClientIp::new())
+    }
+
+    /// The client's address as `client` finds it (behind trusted proxies, from their
+    /// forwarding header): an IPv4 address (`203.0.113.7`) or an IPv6 prefix
+    /// (`2001:db8:1:2::/64`).
+    ///
+    /// ```
+    /// # use bucket4rs_tower::{ClientIp, KeyExtractor, RequestInfo};
+    /// let key = KeyExtractor::client(ClientIp::behind(["10.0.0.0/8".parse()?]));
+    /// let mut req = http::Request::get("/").header("x-forwarded-for", "203.0.113.7").body(())?;
+    /// req.extensions_mut().insert(std::net::SocketAddr::from(([10, 0, 0, 2], 4000)));
+    /// assert_eq!(key.extract(&RequestInfo::new(&req)).as_deref(), Some("203.0.113.7"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn client(client: ClientIp) -> Self {
+        Self(Kind::Client(Arc::new(client)))
     }
 
     /// Any closure over the request head. The layer calls it once per request.
@@ -206,7 +227,7 @@ impl KeyExtractor {
 #[inline(never)]
 fn owned_key(kind: &Kind, req: &RequestInfo<'_>) -> Option<String> {
     match kind {
-        Kind::ClientIp => Some(req.peer_addr()?.ip().to_string()),
+        Kind::Client(c) => c.key(req),
         Kind::Fn(f) => f(req),
         Kind::Header(_) => None,
     }

@@ -65,6 +65,7 @@
 //!   shows the core, the local buckets, `http`, `tower` and `tracing`.
 #![forbid(unsafe_code)]
 
+mod client_ip;
 #[cfg(feature = "toml")]
 mod file;
 mod future;
@@ -80,6 +81,7 @@ mod response;
 mod service;
 mod store;
 
+pub use client_ip::ClientIp;
 #[cfg(feature = "toml")]
 pub use file::{PlanTable, PlansError};
 pub use future::ResponseFuture;
