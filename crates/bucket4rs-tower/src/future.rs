@@ -125,7 +125,7 @@ where
                     if let Poll::Ready(Ok(resp)) = &mut out
                         && let Some(h) = headers.take()
                     {
-                        h.apply(resp.headers_mut());
+                        h.apply(resp);
                     }
                     if out.is_ready() {
                         state.set(State::Done);

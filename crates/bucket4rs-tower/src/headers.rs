@@ -19,6 +19,11 @@ pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub(crate) const X_RATE_LIMIT_REMAINING: HeaderName =
     HeaderName::from_static("x-rate-limit-remaining");
 
+/// Whether `s` is printable ASCII (what a structured-field string holds).
+fn printable(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|c| (0x20..=0x7e).contains(&c))
+}
+
 /// The largest structured-field integer (RFC 9651: 15 decimal digits).
 const SF_INT_MAX: u64 = 999_999_999_999_999;
 const NANOS_PER_SEC: u64 = 1_000_000_000;
@@ -26,6 +31,7 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// One quota policy: a bandwidth as `"name";q=<capacity>;w=<seconds to refill it all>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Quota {
+    name: Box<str>,
     /// The name (the bandwidth's id, or its index) as a structured-field string: quoted, `"` and `\\` escaped.
     quoted: Box<str>,
     quota: u64,
@@ -38,11 +44,29 @@ impl Quota {
     /// rounded up to a second (at least 1).
     pub(crate) fn of(index: usize, b: &Bandwidth) -> Self {
         let name = match b.id() {
-            Some(id) if !id.is_empty() && id.bytes().all(|c| (0x20..=0x7e).contains(&c)) => {
-                id.to_owned()
-            }
+            Some(id) if printable(id) => id.to_owned(),
             _ => index.to_string(),
         };
+        Self::named(&name, b)
+    }
+
+    /// The name (unquoted).
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The quota policy of `b` named `name` (non-printable characters replaced by `_`).
+    pub(crate) fn named(name: &str, b: &Bandwidth) -> Self {
+        let name: String = name
+            .chars()
+            .map(|c| {
+                if printable(c.encode_utf8(&mut [0; 4])) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
         let full = u128::from(b.capacity()) * b.refill_period().as_nanos()
             / u128::from(b.refill_tokens().max(1));
         let window = u64::try_from(full.div_ceil(u128::from(NANOS_PER_SEC)))
@@ -58,6 +82,7 @@ impl Quota {
         }
         quoted.push('"');
         Self {
+            name: name.into_boxed_str(),
             quoted: quoted.into_boxed_str(),
             quota: b.capacity().min(SF_INT_MAX),
             window,

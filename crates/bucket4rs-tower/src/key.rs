@@ -204,6 +204,14 @@ impl KeyExtractor {
         Self(Kind::Fn(Arc::new(f)))
     }
 
+    /// The client address this extractor reads, when it is one.
+    pub(crate) fn client_reader(&self) -> Option<&ClientIp> {
+        match &self.0 {
+            Kind::Client(c) => Some(c),
+            _ => None,
+        }
+    }
+
     /// The key of a request, if it has a usable one.
     ///
     /// ```

@@ -8,9 +8,18 @@ use bucket4rs_local::{FastClock, KeyedBucket};
 use http::StatusCode;
 use tower::Layer;
 
+use std::collections::HashSet;
+
+use bytes::Bytes;
+use http::Response;
+use ipnet::IpNet;
+
+use crate::client_ip::ClientIp;
 use crate::key::{KeyExtractor, RequestInfo};
+use crate::limit::Limit;
 use crate::plan::PlanResolver;
 use crate::policy::{FailurePolicy, Policy};
+use crate::response::Refusal;
 use crate::service::RateLimit;
 use crate::store::{Local, LocalStore, SharedClock, Store};
 
@@ -18,6 +27,23 @@ use crate::store::{Local, LocalStore, SharedClock, Store};
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 type CostFn = dyn for<'a> Fn(&RequestInfo<'a>) -> u64 + Send + Sync;
+
+/// The refusal hook: shapes the response of a refused request.
+pub(crate) type RefusalHook = dyn Fn(&Refusal, &mut Response<Bytes>) + Send + Sync;
+
+/// A further limit, with its buckets when they are in this process.
+pub(crate) struct LimitStore {
+    pub(crate) limit: Limit,
+    pub(crate) local: Option<Local>,
+}
+
+/// The allowlist: keys and client networks let through unmetered.
+pub(crate) struct Exempt {
+    pub(crate) keys: HashSet<String, foldhash::fast::RandomState>,
+    pub(crate) networks: Vec<IpNet>,
+    /// How a request's client address is found (the key extractor's, when it reads one).
+    pub(crate) client: ClientIp,
+}
 
 /// What every service of one layer shares.
 pub(crate) struct Shared {
@@ -29,6 +55,12 @@ pub(crate) struct Shared {
     pub(crate) missing_key: StatusCode,
     pub(crate) unknown_key: StatusCode,
     pub(crate) remaining_header: bool,
+    /// Further limits, in the order they are asked (after the client's plan).
+    pub(crate) limits: Vec<LimitStore>,
+    /// Every limit in shadow mode.
+    pub(crate) shadow: bool,
+    pub(crate) exempt: Option<Exempt>,
+    pub(crate) on_refusal: Option<Arc<RefusalHook>>,
     /// At most one log event per second for a failing store (see [`LogGate`]).
     pub(crate) log_gate: LogGate,
 }
@@ -107,6 +139,11 @@ pub struct RateLimitLayerBuilder {
     missing_key: StatusCode,
     unknown_key: StatusCode,
     remaining_header: bool,
+    limits: Vec<Limit>,
+    shadow: bool,
+    exempt_keys: Vec<String>,
+    exempt_networks: Vec<IpNet>,
+    on_refusal: Option<Arc<RefusalHook>>,
 }
 
 impl fmt::Debug for RateLimitLayerBuilder {
@@ -253,6 +290,82 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Adds a limit every request it applies to must also pass (a global or per-route
+    /// limit; see [`Limit`]). Limits are asked after the client's plan, in the order added.
+    ///
+    /// ```
+    /// # use bucket4rs_tower::{Limit, RateLimitLayer};
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// # let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1000, Duration::from_secs(1))?).build()?;
+    /// let b = RateLimitLayer::builder().limit(Limit::global("all", c));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.limits.push(limit);
+        self
+    }
+
+    /// Shadow mode for the whole layer: every request is decided, counted and given its
+    /// `RateLimit` fields as usual, and none is refused; one that would have been carries a
+    /// [`ShadowRefusal`](crate::ShadowRefusal) response extension and counts as
+    /// `shadow_refused`. (Per plan: [`Plan::shadow`](crate::Plan::shadow).)
+    ///
+    /// ```
+    /// # use bucket4rs_tower::RateLimitLayer;
+    /// let b = RateLimitLayer::builder().shadow(true);
+    /// ```
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
+    }
+
+    /// Keys let through unmetered (no bucket, no headers): internal services, monitors.
+    ///
+    /// ```
+    /// # use bucket4rs_tower::RateLimitLayer;
+    /// let b = RateLimitLayer::builder().exempt_keys(["internal-batch-key"]);
+    /// ```
+    pub fn exempt_keys<I: IntoIterator<Item = S>, S: Into<String>>(mut self, keys: I) -> Self {
+        self.exempt_keys.extend(keys.into_iter().map(Into::into));
+        self
+    }
+
+    /// Client networks let through unmetered. The client's address is found as the key
+    /// extractor finds it when it reads one ([`KeyExtractor::client`]: behind trusted
+    /// proxies), else it is the peer's.
+    ///
+    /// ```
+    /// # use bucket4rs_tower::RateLimitLayer;
+    /// let b = RateLimitLayer::builder().exempt_networks(["10.0.0.0/8".parse()?]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn exempt_networks(mut self, networks: impl IntoIterator<Item = IpNet>) -> Self {
+        self.exempt_networks
+            .extend(networks.into_iter().map(|n| n.trunc()));
+        self
+    }
+
+    /// Shapes the answer to a refused request: `hook` gets what the refusal says and the
+    /// response the layer made (429 with `Retry-After`, the `RateLimit` fields and a problem
+    /// body; for gRPC `grpc-status: 8`), and may change its status, headers and body.
+    ///
+    /// ```
+    /// # use bucket4rs_tower::RateLimitLayer;
+    /// let b = RateLimitLayer::builder().on_refusal(|refusal, resp| {
+    ///     if !refusal.is_grpc() {
+    ///         *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+    ///         *resp.body_mut() = bytes::Bytes::from(format!("slow down for {} s", refusal.retry_after_secs()));
+    ///     }
+    /// });
+    /// ```
+    pub fn on_refusal(
+        mut self,
+        hook: impl Fn(&Refusal, &mut Response<Bytes>) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_refusal = Some(Arc::new(hook));
+        self
+    }
+
     /// Builds the layer.
     ///
     /// # Errors
@@ -267,6 +380,30 @@ impl RateLimitLayerBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        #[cfg(feature = "distributed")]
+        let remote = self.remote.is_some();
+        #[cfg(not(feature = "distributed"))]
+        let remote = false;
+        let mut limits = Vec::with_capacity(self.limits.len());
+        for limit in self.limits {
+            let local = if remote {
+                None
+            } else {
+                let keyed: LocalStore = KeyedBucket::builder()
+                    .with_configuration(limit.plan().configuration())
+                    .with_clock(Arc::clone(&self.clock))
+                    .max_keys(self.max_keys)
+                    .build()?;
+                Some(Local::new(keyed))
+            };
+            limits.push(LimitStore { limit, local });
+        }
+        let exempt =
+            (!self.exempt_keys.is_empty() || !self.exempt_networks.is_empty()).then(|| Exempt {
+                keys: self.exempt_keys.into_iter().collect(),
+                networks: self.exempt_networks,
+                client: self.key.client_reader().cloned().unwrap_or_default(),
+            });
         #[cfg(feature = "distributed")]
         let store = match self.remote {
             Some(remote) => Store::Remote(remote),
@@ -284,6 +421,10 @@ impl RateLimitLayerBuilder {
                 missing_key: self.missing_key,
                 unknown_key: self.unknown_key,
                 remaining_header: self.remaining_header,
+                limits,
+                shadow: self.shadow,
+                exempt,
+                on_refusal: self.on_refusal,
                 log_gate: LogGate::default(),
             }),
         })
@@ -353,6 +494,11 @@ impl RateLimitLayer {
             missing_key: StatusCode::UNAUTHORIZED,
             unknown_key: StatusCode::UNAUTHORIZED,
             remaining_header: false,
+            limits: Vec::new(),
+            shadow: false,
+            exempt_keys: Vec::new(),
+            exempt_networks: Vec::new(),
+            on_refusal: None,
         }
     }
 

@@ -9,10 +9,16 @@ use http::HeaderValue;
 
 use crate::headers::{self, Quota};
 
+#[derive(Clone)]
 struct Inner {
     /// Unique per `Plan::new` (never reused): keys the per-thread `RateLimit` value cache.
     id: u64,
     name: Arc<str>,
+    /// Decided and reported as usual, never refused ([`Plan::shadow`]).
+    shadow: bool,
+    /// The counters of this plan's decisions, registered with the `metrics` recorder of
+    /// its first decision.
+    counters: Arc<std::sync::OnceLock<crate::metrics::Counters>>,
     config: BucketConfiguration,
     /// One single-bandwidth configuration per bandwidth, for per-bandwidth waits.
     singles: Box<[BucketConfiguration]>,
@@ -54,7 +60,9 @@ impl fmt::Debug for Plan {
 
 impl PartialEq for Plan {
     fn eq(&self, other: &Self) -> bool {
-        self.0.name == other.0.name && self.0.config == other.0.config
+        self.0.name == other.0.name
+            && self.0.config == other.0.config
+            && self.0.shadow == other.0.shadow
     }
 }
 
@@ -74,6 +82,31 @@ impl Plan {
             .enumerate()
             .map(|(i, b)| Quota::of(i, b))
             .collect();
+        Self::with_quotas(name.into(), config, quotas)
+    }
+
+    /// The plan of a further limit named `name` (see [`Limit`](crate::Limit)): its policies
+    /// are named by the limit (`name`, or `name.<bandwidth>` for several bandwidths), so
+    /// that they never clash with a client plan's.
+    pub(crate) fn for_limit(name: Arc<str>, config: BucketConfiguration) -> Self {
+        let several = config.bandwidths().len() > 1;
+        let quotas: Box<[Quota]> = config
+            .bandwidths()
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let own = Quota::of(i, b);
+                if several {
+                    Quota::named(&format!("{name}.{}", own.name()), b)
+                } else {
+                    Quota::named(&name, b)
+                }
+            })
+            .collect();
+        Self::with_quotas(name, config, quotas)
+    }
+
+    fn with_quotas(name: Arc<str>, config: BucketConfiguration, quotas: Box<[Quota]>) -> Self {
         let singles = config
             .bandwidths()
             .iter()
@@ -89,7 +122,9 @@ impl Plan {
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self(Arc::new(Inner {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            name: name.into(),
+            name,
+            shadow: false,
+            counters: Arc::default(),
             config,
             singles,
             quotas,
@@ -108,6 +143,38 @@ impl Plan {
     /// ```
     pub fn name(&self) -> &str {
         &self.0.name
+    }
+
+    /// This plan in shadow mode: its requests are decided, counted and given their
+    /// `RateLimit` fields as usual, but one it would refuse is served, marked with a
+    /// [`ShadowRefusal`](crate::ShadowRefusal) response extension (for a safe rollout of a
+    /// new limit).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// # let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// let trial = bucket4rs_tower::Plan::new("trial", c).shadow();
+    /// assert!(trial.is_shadow());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn shadow(self) -> Self {
+        let mut inner = Inner::clone(&self.0);
+        inner.shadow = true;
+        inner.counters = Arc::default();
+        Self(Arc::new(inner))
+    }
+
+    /// Whether this plan is in shadow mode ([`shadow`](Self::shadow)).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// # let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// assert!(!bucket4rs_tower::Plan::new("free", c).is_shadow());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_shadow(&self) -> bool {
+        self.0.shadow
     }
 
     /// The bucket configuration.
@@ -159,6 +226,13 @@ impl Plan {
     /// (2^64 plans would have to be built for a value to repeat).
     pub(crate) fn id(&self) -> u64 {
         self.0.id
+    }
+
+    /// The counters of this plan's decisions, as the limit `limit` of requests.
+    pub(crate) fn counters(&self, limit: &str) -> &crate::metrics::Counters {
+        self.0
+            .counters
+            .get_or_init(|| crate::metrics::Counters::new(self.name(), limit))
     }
 }
 

@@ -19,6 +19,9 @@ pub(crate) trait Remote: Send + Sync + fmt::Debug {
         plan: &Plan,
         cost: u64,
     ) -> Result<BoxFuture<Result<Answer, StoreError>>, StoreError>;
+
+    /// Gives `tokens` back to `key`'s bucket (never above its capacity).
+    fn give_back(&self, key: &str, plan: &Plan, tokens: u64) -> BoxFuture<Result<(), StoreError>>;
 }
 
 impl<B: Backend> Remote for ProxyManager<B> {
@@ -49,6 +52,15 @@ impl<B: Backend> Remote for ProxyManager<B> {
             }
             Ok(answer)
         }))
+    }
+
+    fn give_back(&self, key: &str, plan: &Plan, tokens: u64) -> BoxFuture<Result<(), StoreError>> {
+        let config = plan.configuration().clone();
+        let bucket = self.builder().build(key.as_bytes(), move || config.clone());
+        Box::pin(async move {
+            let bucket = bucket.map_err(from_distributed)?;
+            bucket.add_tokens(tokens).await.map_err(from_distributed)
+        })
     }
 }
 

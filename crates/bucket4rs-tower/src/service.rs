@@ -12,10 +12,9 @@ use tower::Service;
 use crate::future::ResponseFuture;
 use crate::key::RequestInfo;
 use crate::layer::Shared;
-#[cfg(feature = "distributed")]
 use crate::plan::Plan;
 use crate::policy::Decided;
-use crate::response::{self, Failed, Unavailable, Verdict};
+use crate::response::{self, Asked, Failed, Unavailable, Verdict};
 use crate::store::{Answer, BoxFuture, Store, StoreError};
 
 /// The rate-limiting service made by [`RateLimitLayer`](crate::RateLimitLayer).
@@ -90,14 +89,42 @@ where
     }
 }
 
-/// A verdict now, or one to wait for (a shared store's).
+/// A verdict now, or one to wait for (a shared store's, or several limits').
 type Pending<R> = Result<Verdict<R>, BoxFuture<Verdict<R>>>;
 
-/// The request's verdict: its key, cost and plan, then the store's answer.
+/// The request's verdict: its key, cost and plan, then the store's answer; in a `debug`
+/// span (free without a subscriber that wants it).
 #[inline]
 fn decide<ReqBody, ResBody: From<Bytes> + Send + 'static>(
     shared: &Arc<Shared>,
     req: &Request<ReqBody>,
+) -> Pending<Response<ResBody>> {
+    let span = tracing::debug_span!(
+        "rate_limit",
+        plan = tracing::field::Empty,
+        cost = tracing::field::Empty,
+        status = tracing::field::Empty
+    );
+    if span.is_disabled() {
+        return decide_in(shared, req, &span);
+    }
+    let _entered = span.enter();
+    let pending = decide_in(shared, req, &span);
+    if let Ok(v) = &pending {
+        let status = match v {
+            Verdict::Allow(_) => 0,
+            Verdict::Answer(r) => r.status().as_u16(),
+        };
+        span.record("status", status);
+    }
+    pending
+}
+
+#[inline(always)]
+fn decide_in<ReqBody, ResBody: From<Bytes> + Send + 'static>(
+    shared: &Arc<Shared>,
+    req: &Request<ReqBody>,
+    span: &tracing::Span,
 ) -> Pending<Response<ResBody>> {
     let info = RequestInfo::new(req);
     let Some(key) = shared.key.extract(&info) else {
@@ -106,10 +133,17 @@ fn decide<ReqBody, ResBody: From<Bytes> + Send + 'static>(
             "the request carries no usable client key",
         )));
     };
+    if shared.exempt.is_some() && exempt(shared, &key, &info) {
+        return Ok(Verdict::Allow(None));
+    }
     let cost = (shared.cost)(&info);
     let Some(plan) = shared.plans.as_ref().and_then(|p| p.resolve(&key)) else {
         return Ok(unknown(shared));
     };
+    if !span.is_disabled() {
+        span.record("plan", plan.name());
+        span.record("cost", cost);
+    }
     if cost == 0 {
         // Unmetered: no bucket, no headers (the key must still be known).
         return Ok(Verdict::Allow(None));
@@ -119,14 +153,51 @@ fn decide<ReqBody, ResBody: From<Bytes> + Send + 'static>(
             &plan, cost,
         )));
     }
+    let grpc = response::is_grpc(info.headers());
+    if !shared.limits.is_empty() {
+        let applicable: Vec<usize> = (0..shared.limits.len())
+            .filter(|&i| shared.limits[i].limit.applies(&info))
+            .collect();
+        if !applicable.is_empty() {
+            return Err(Box::pin(decide_many(
+                Arc::clone(shared),
+                key.into_owned(),
+                plan,
+                cost,
+                applicable,
+                grpc,
+            )));
+        }
+    }
     match &shared.store {
         Store::Local(local) => Ok(match local.ask(&key, &plan, cost) {
-            Ok(answer) => response::verdict(&plan, &answer, cost, shared.remaining_header),
-            Err(e) => failed(shared, &key, cost, e),
+            Ok(answer) => response::verdict(shared, &plan, &answer, cost, grpc),
+            Err(e) => failed(shared, &key, cost, grpc, e),
         }),
         #[cfg(feature = "distributed")]
-        Store::Remote(remote) => ask_remote(shared, &**remote, &key, plan, cost),
+        Store::Remote(remote) => ask_remote(shared, &**remote, &key, plan, cost, grpc),
     }
+}
+
+/// Whether the allowlist lets the request through unmetered (its key, or its client's
+/// network).
+#[cold]
+#[inline(never)]
+fn exempt(shared: &Shared, key: &str, info: &RequestInfo<'_>) -> bool {
+    let Some(ex) = &shared.exempt else {
+        return false;
+    };
+    let by_key = ex.keys.contains(key);
+    let by_net = !by_key
+        && !ex.networks.is_empty()
+        && ex
+            .client
+            .client_addr(info)
+            .is_some_and(|ip| ex.networks.iter().any(|n| n.contains(&ip)));
+    if by_key || by_net {
+        crate::metrics::exempt();
+    }
+    by_key || by_net
 }
 
 #[cold]
@@ -147,18 +218,128 @@ fn ask_remote<ResBody: From<Bytes> + Send + 'static>(
     key: &str,
     plan: Plan,
     cost: u64,
+    grpc: bool,
 ) -> Pending<Response<ResBody>> {
     let asked = match remote.ask(key, &plan, cost) {
         Ok(f) => f,
-        Err(e) => return Ok(failed(shared, key, cost, e)),
+        Err(e) => return Ok(failed(shared, key, cost, grpc, e)),
     };
     let (shared, key) = (Arc::clone(shared), key.to_owned());
     Err(Box::pin(async move {
         match asked.await {
-            Ok(answer) => response::verdict(&plan, &answer, cost, shared.remaining_header),
-            Err(e) => failed(&shared, &key, cost, e),
+            Ok(answer) => response::verdict(&shared, &plan, &answer, cost, grpc),
+            Err(e) => failed(&shared, &key, cost, grpc, e),
         }
     }))
+}
+
+/// Where a limit's buckets are: the client's plan's store, or a further limit's.
+#[derive(Clone, Copy)]
+enum Target {
+    Client,
+    Limit(usize),
+}
+
+/// The question to a limit's store, about `key` under `plan`.
+async fn ask(
+    shared: &Shared,
+    target: Target,
+    key: &str,
+    plan: &Plan,
+    cost: u64,
+) -> Result<Answer, StoreError> {
+    let local = match target {
+        Target::Client => match &shared.store {
+            Store::Local(local) => Some(local),
+            #[cfg(feature = "distributed")]
+            Store::Remote(_) => None,
+        },
+        Target::Limit(i) => shared.limits[i].local.as_ref(),
+    };
+    if let Some(local) = local {
+        return local.ask(key, plan, cost);
+    }
+    #[cfg(feature = "distributed")]
+    if let Store::Remote(remote) = &shared.store {
+        return remote.ask(key, plan, cost)?.await;
+    }
+    Err(StoreError::Other("no store for a limit".into()))
+}
+
+/// Gives `cost` back to `key`'s bucket of `plan` in a limit's store (a request another
+/// limit refused). A failure is logged and counted: those tokens stay taken.
+async fn give_back(shared: &Shared, target: Target, key: &str, plan: &Plan, cost: u64) {
+    let local = match target {
+        Target::Client => match &shared.store {
+            Store::Local(local) => Some(local),
+            #[cfg(feature = "distributed")]
+            Store::Remote(_) => None,
+        },
+        Target::Limit(i) => shared.limits[i].local.as_ref(),
+    };
+    let result = match local {
+        Some(local) => local.give_back(key, cost),
+        #[cfg(feature = "distributed")]
+        None => match &shared.store {
+            Store::Remote(remote) => remote.give_back(key, plan, cost).await,
+            Store::Local(_) => Ok(()),
+        },
+        #[cfg(not(feature = "distributed"))]
+        None => Ok(()),
+    };
+    if let Err(e) = result {
+        crate::metrics::give_back_failed();
+        tracing::warn!(error = ?e, limit = plan.name(), tokens = cost, "giving tokens back failed");
+    }
+}
+
+/// A request several limits apply to: each asked in a fixed order (the client's plan, then
+/// the further limits in the order they were added), each consuming `cost`; when one that
+/// is not in shadow mode refused, every token taken is given back. See docs/http.md for
+/// the guarantee under concurrency.
+async fn decide_many<ResBody: From<Bytes> + Send + 'static>(
+    shared: Arc<Shared>,
+    key: String,
+    plan: Plan,
+    cost: u64,
+    limits: Vec<usize>,
+    grpc: bool,
+) -> Verdict<Response<ResBody>> {
+    let mut asked: Vec<(Target, String, Plan, Answer)> = Vec::with_capacity(1 + limits.len());
+    let targets =
+        core::iter::once((Target::Client, key.clone(), plan)).chain(limits.iter().map(|&i| {
+            let l = &shared.limits[i].limit;
+            (Target::Limit(i), l.key(&key), l.plan().clone())
+        }));
+    for (target, bucket, plan) in targets {
+        match ask(&shared, target, &bucket, &plan, cost).await {
+            Ok(answer) => asked.push((target, bucket, plan, answer)),
+            Err(e) => {
+                give_back_all(&shared, &asked, cost).await;
+                return failed(&shared, &key, cost, grpc, e);
+            }
+        }
+    }
+    if asked
+        .iter()
+        .any(|(_, _, plan, answer)| response::blocks(&shared, plan, answer))
+    {
+        give_back_all(&shared, &asked, cost).await;
+    }
+    let views: Vec<Asked<'_>> = asked
+        .iter()
+        .map(|(_, _, plan, answer)| Asked { plan, answer })
+        .collect();
+    response::verdict_many(&shared, &views, cost, grpc)
+}
+
+/// Gives `cost` back to every bucket that took it.
+async fn give_back_all(shared: &Shared, asked: &[(Target, String, Plan, Answer)], cost: u64) {
+    for (target, bucket, plan, answer) in asked {
+        if answer.value().is_consumed() {
+            give_back(shared, *target, bucket, plan, cost).await;
+        }
+    }
 }
 
 /// A store that did not answer: the failure policy for a store that cannot decide, a 500
@@ -170,8 +351,10 @@ fn failed<ResBody: From<Bytes>>(
     shared: &Shared,
     key: &str,
     cost: u64,
+    grpc: bool,
     e: StoreError,
 ) -> Verdict<Response<ResBody>> {
+    crate::metrics::store_error(e.kind());
     let (why, e) = match e {
         StoreError::Unavailable(e) => (Unavailable::Store, e),
         StoreError::Full(e) => (Unavailable::Full, e),
@@ -193,21 +376,25 @@ fn failed<ResBody: From<Bytes>>(
         );
     }
     match shared.failure.decide(key, cost) {
-        Decided::Error => Verdict::Answer(response::unavailable(why)),
-        Decided::Deny => Verdict::Answer(response::denied_on_failure()),
-        Decided::Fallback(answer) => fallback_verdict(shared, &answer, cost),
-    }
-}
-
-/// The fallback limit's answer, as any limit's.
-fn fallback_verdict<ResBody: From<Bytes>>(
-    shared: &Shared,
-    answer: &Answer,
-    cost: u64,
-) -> Verdict<Response<ResBody>> {
-    match shared.failure.plan() {
-        Some(plan) => response::verdict(plan, answer, cost, shared.remaining_header),
-        None => Verdict::Answer(response::denied_on_failure()),
+        Decided::Error => {
+            crate::metrics::failure_policy("error");
+            Verdict::Answer(response::unavailable(why))
+        }
+        Decided::Deny => {
+            crate::metrics::failure_policy("deny");
+            Verdict::Answer(response::denied_on_failure())
+        }
+        Decided::Fallback(answer) => match shared.failure.plan() {
+            Some(plan) => {
+                crate::metrics::failure_policy(if answer.value().is_consumed() {
+                    "fallback_allowed"
+                } else {
+                    "fallback_refused"
+                });
+                response::verdict(shared, plan, &answer, cost, grpc)
+            }
+            None => Verdict::Answer(response::denied_on_failure()),
+        },
     }
 }
 

@@ -90,6 +90,11 @@ impl Local {
         Ok(answer)
     }
 
+    /// Gives `tokens` back to `key`'s bucket (never above its capacity).
+    pub(crate) fn give_back(&self, key: &str, tokens: u64) -> Result<(), StoreError> {
+        Ok(self.plain.add_tokens(key, tokens)?)
+    }
+
     /// Switches `key`'s bucket to `plan` (after it answered under another configuration). A
     /// failure leaves the bucket as it was: the next request tries again.
     #[cold]
@@ -126,6 +131,20 @@ pub(crate) enum StoreError {
     Unreadable(Box<dyn core::error::Error + Send + Sync>),
     /// Anything else.
     Other(Box<dyn core::error::Error + Send + Sync>),
+}
+
+impl StoreError {
+    /// The `kind` label of the store-error metric.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Self::Unavailable(_) => "unavailable",
+            Self::Full(_) => "full",
+            Self::Key => "key",
+            Self::UnknownKey => "unknown_key",
+            Self::Unreadable(_) => "unreadable",
+            Self::Other(_) => "other",
+        }
+    }
 }
 
 impl From<KeyedError> for StoreError {
