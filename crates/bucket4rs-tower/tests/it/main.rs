@@ -3,6 +3,7 @@
 //! shared one (`.backend(..)`: the embedded backend through the async manager).
 
 mod conformance;
+mod limits;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -104,6 +105,24 @@ impl Store {
             Some(manager) => RateLimitLayer::builder()
                 .backend(manager.clone())
                 .clock(self.clock.clone()),
+        }
+    }
+
+    /// The tokens of `key`'s bucket (a plan of `capacity` when it has none).
+    fn tokens(&self, layer: &RateLimitLayer, key: &str, capacity: u64) -> i64 {
+        match &self.manager {
+            None => layer.local_store().unwrap().available_tokens(key).unwrap(),
+            Some(manager) => {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let b = manager
+                    .builder()
+                    .build(key, move || simple(capacity, Duration::from_secs(3_600)))
+                    .unwrap();
+                rt.block_on(b.available_tokens()).unwrap()
+            }
         }
     }
 
