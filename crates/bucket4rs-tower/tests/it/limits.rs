@@ -45,12 +45,12 @@ fn several_limits_count_every_token_under_concurrency() {
         let per_client: Vec<Arc<AtomicU64>> = (0..8).map(|_| Arc::default()).collect();
         rt.block_on(async {
             let mut tasks = Vec::new();
-            for c in 0..8 {
+            for (c, mine) in per_client.iter().enumerate() {
                 let (svc, allowed, allowed_search, mine) = (
                     svc.clone(),
                     allowed.clone(),
                     allowed_search.clone(),
-                    per_client[c].clone(),
+                    mine.clone(),
                 );
                 tasks.push(tokio::spawn(async move {
                     for i in 0..40 {
