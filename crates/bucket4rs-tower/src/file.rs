@@ -8,7 +8,10 @@ use bucket4rs_core::{Bandwidth, BucketConfiguration};
 use foldhash::fast::RandomState;
 use toml::{Table, Value};
 
+use crate::layer::RateLimitLayerBuilder;
+use crate::limit::Limit;
 use crate::plan::{Plan, PlanResolver};
+use ipnet::IpNet;
 
 /// Why a plans file was refused: the dotted path of the offending field and what is wrong.
 ///
@@ -107,6 +110,10 @@ impl core::error::Error for PlansError {}
 #[derive(Clone, Debug)]
 pub struct PlanTable {
     plans: BTreeMap<String, Plan>,
+    default_plan: Option<Plan>,
+    limits: Vec<Limit>,
+    exempt_keys: Vec<String>,
+    exempt_networks: Vec<IpNet>,
     /// Seeded at random per table (`foldhash`): looked up by client-supplied keys on every
     /// request, so fast, but not predictable.
     keys: HashMap<String, Plan, RandomState>,
@@ -174,10 +181,10 @@ impl PlanTable {
     pub fn from_toml(text: &str) -> Result<Self, PlansError> {
         let root: Table = toml::from_str(text).map_err(|e| PlansError::new("", e.to_string()))?;
         for k in root.keys() {
-            if k != "plans" && k != "keys" {
+            if !ROOT_FIELDS.contains(&k.as_str()) {
                 return Err(PlansError::new(
                     k.as_str(),
-                    "unknown field (expected `plans` or `keys`)",
+                    format!("unknown field (expected one of {})", ROOT_FIELDS.join(", ")),
                 ));
             }
         }
@@ -191,8 +198,55 @@ impl PlanTable {
         let mut plans = BTreeMap::new();
         for (name, v) in plans_t {
             let path = format!("plans.{name}");
-            let config = parse_plan(v, &path)?;
-            plans.insert(name.clone(), Plan::new(name.as_str(), config));
+            let (config, shadow) = parse_plan(v, &path, &[])?;
+            let plan = Plan::new(name.as_str(), config);
+            plans.insert(name.clone(), if shadow { plan.shadow() } else { plan });
+        }
+        let default_plan = match root.get("default_plan") {
+            Some(v) => {
+                let name = expect_str(v, "default_plan")?;
+                Some(plans.get(name).cloned().ok_or_else(|| {
+                    PlansError::new(
+                        "default_plan",
+                        format!("plan {name:?} is not defined in [plans]"),
+                    )
+                })?)
+            }
+            None => plans.get("free").cloned(),
+        };
+        let mut limits = Vec::new();
+        if let Some(v) = root.get("limits") {
+            for (name, v) in expect_table(v, "limits")? {
+                limits.push(parse_extra_limit(name, v, &format!("limits.{name}"))?);
+            }
+        }
+        let (mut exempt_keys, mut exempt_networks) = (Vec::new(), Vec::new());
+        if let Some(v) = root.get("exempt") {
+            let t = expect_table(v, "exempt")?;
+            for (k, v) in t {
+                let path = format!("exempt.{k}");
+                if k != "keys" && k != "networks" {
+                    return Err(PlansError::new(
+                        path,
+                        "unknown field (expected `keys` or `networks`)",
+                    ));
+                }
+                let Value::Array(items) = v else {
+                    return Err(PlansError::new(
+                        path,
+                        format!("expected an array, found {}", type_name(v)),
+                    ));
+                };
+                for (i, item) in items.iter().enumerate() {
+                    let at = format!("{path}[{i}]");
+                    let s = expect_str(item, &at)?;
+                    match k.as_str() {
+                        "keys" => exempt_keys.push(s.to_owned()),
+                        _ => exempt_networks
+                            .push(parse_network(s).map_err(|m| PlansError::new(&at, m))?),
+                    }
+                }
+            }
         }
         let mut keys = HashMap::with_hasher(RandomState::default());
         if let Some(keys_v) = root.get("keys") {
@@ -211,7 +265,81 @@ impl PlanTable {
                 keys.insert(key.clone(), plan.clone());
             }
         }
-        Ok(Self { plans, keys })
+        Ok(Self {
+            plans,
+            default_plan,
+            limits,
+            exempt_keys,
+            exempt_networks,
+            keys,
+        })
+    }
+
+    /// The plan every key gets when clients are keyed by address (`default_plan`, or the
+    /// plan named `free`); `None` when the file names neither.
+    ///
+    /// ```
+    /// let t = bucket4rs_tower::PlanTable::from_toml("default_plan = \"basic\"\n[plans.basic]\nlimits = [\"5/s\"]")?;
+    /// assert_eq!(t.default_plan().unwrap().name(), "basic");
+    /// # Ok::<(), bucket4rs_tower::PlansError>(())
+    /// ```
+    pub fn default_plan(&self) -> Option<&Plan> {
+        self.default_plan.as_ref()
+    }
+
+    /// The further limits of the file (`[limits.NAME]`), in the file's order of names.
+    ///
+    /// ```
+    /// let t = bucket4rs_tower::PlanTable::from_toml(r#"
+    ///     [plans.free]
+    ///     limits = ["20/minute"]
+    ///     [limits.search]
+    ///     path = "/books/search"
+    ///     limits = ["100/minute"]
+    /// "#)?;
+    /// assert_eq!(t.limits()[0].name(), "search");
+    /// # Ok::<(), bucket4rs_tower::PlansError>(())
+    /// ```
+    pub fn limits(&self) -> &[Limit] {
+        &self.limits
+    }
+
+    /// The file's plans, limits and allowlist on `builder`: its plans resolve the keys, its
+    /// limits are added, its exempt keys and networks let through.
+    ///
+    /// ```
+    /// let t = bucket4rs_tower::PlanTable::from_toml("[plans.free]\nlimits = [\"5/s\"]\n[exempt]\nkeys = [\"ops\"]")?;
+    /// let layer = t.configure(bucket4rs_tower::RateLimitLayer::builder()).build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn configure(self, builder: RateLimitLayerBuilder) -> RateLimitLayerBuilder {
+        self.configure_with(builder, None)
+    }
+
+    /// As [`configure`](Self::configure), with every key resolved to `plan` (clients keyed
+    /// by address: each gets the same plan).
+    ///
+    /// ```
+    /// let t = bucket4rs_tower::PlanTable::from_toml("[plans.free]\nlimits = [\"5/s\"]")?;
+    /// let free = t.default_plan().unwrap().clone();
+    /// let layer = t.configure_with(bucket4rs_tower::RateLimitLayer::builder(), Some(free)).build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn configure_with(
+        self,
+        builder: RateLimitLayerBuilder,
+        every_key: Option<Plan>,
+    ) -> RateLimitLayerBuilder {
+        let mut builder = builder
+            .exempt_keys(self.exempt_keys.clone())
+            .exempt_networks(self.exempt_networks.clone());
+        for limit in self.limits.clone() {
+            builder = builder.limit(limit);
+        }
+        match every_key {
+            Some(plan) => builder.plans(plan),
+            None => builder.plans(self),
+        }
     }
 
     /// A plan by name.
@@ -260,16 +388,37 @@ impl PlanTable {
     }
 }
 
-fn parse_plan(v: &Value, path: &str) -> Result<BucketConfiguration, PlansError> {
+/// The top-level fields of a plans file.
+const ROOT_FIELDS: &[&str] = &["plans", "keys", "default_plan", "limits", "exempt"];
+
+/// A plan (or a limit, whose `extra` fields the caller reads): its configuration and
+/// whether it is in shadow mode.
+fn parse_plan(
+    v: &Value,
+    path: &str,
+    extra: &[&str],
+) -> Result<(BucketConfiguration, bool), PlansError> {
     let t = expect_table(v, path)?;
     for k in t.keys() {
-        if k != "limits" {
+        if k != "limits" && k != "shadow" && !extra.contains(&k.as_str()) {
+            let mut expected = vec!["limits", "shadow"];
+            expected.extend_from_slice(extra);
             return Err(PlansError::new(
                 format!("{path}.{k}"),
-                "unknown field (expected `limits`)",
+                format!("unknown field (expected one of {})", expected.join(", ")),
             ));
         }
     }
+    let shadow = match t.get("shadow") {
+        Some(Value::Boolean(b)) => *b,
+        Some(other) => {
+            return Err(PlansError::new(
+                format!("{path}.shadow"),
+                format!("expected a boolean, found {}", type_name(other)),
+            ));
+        }
+        None => false,
+    };
     let limits_path = format!("{path}.limits");
     let limits = t
         .get("limits")
@@ -290,7 +439,50 @@ fn parse_plan(v: &Value, path: &str) -> Result<BucketConfiguration, PlansError> 
     for (i, l) in limits.iter().enumerate() {
         bandwidths.push(parse_limit(l, &format!("{limits_path}[{i}]"))?);
     }
-    BucketConfiguration::new(bandwidths).map_err(|e| PlansError::new(limits_path, e.to_string()))
+    let config = BucketConfiguration::new(bandwidths)
+        .map_err(|e| PlansError::new(limits_path, e.to_string()))?;
+    Ok((config, shadow))
+}
+
+/// A further limit: `[limits.NAME]` with `limits`, optional `path` (a path prefix: a route
+/// limit), `per` (`"all"`, the default: one bucket; `"client"`: a bucket per client) and
+/// `shadow`.
+fn parse_extra_limit(name: &str, v: &Value, path: &str) -> Result<Limit, PlansError> {
+    let (config, shadow) = parse_plan(v, path, &["path", "per"])?;
+    let t = expect_table(v, path)?;
+    let mut limit = match t.get("per") {
+        None => Limit::global(name, config),
+        Some(p) => match expect_str(p, &format!("{path}.per"))? {
+            "all" => Limit::global(name, config),
+            "client" => Limit::per_client(name, config),
+            other => {
+                return Err(PlansError::new(
+                    format!("{path}.per"),
+                    format!("{other:?} is not \"all\" or \"client\""),
+                ));
+            }
+        },
+    };
+    if let Some(p) = t.get("path") {
+        let prefix = expect_str(p, &format!("{path}.path"))?;
+        if !prefix.starts_with('/') {
+            return Err(PlansError::new(
+                format!("{path}.path"),
+                format!("{prefix:?} is not a path (it starts with /)"),
+            ));
+        }
+        limit = limit.path_prefix(prefix);
+    }
+    Ok(if shadow { limit.shadow() } else { limit })
+}
+
+/// A network (`10.0.0.0/8`) or one address (`192.0.2.7`).
+pub(crate) fn parse_network(s: &str) -> Result<IpNet, String> {
+    let s = s.trim();
+    s.parse::<IpNet>()
+        .map(|n| n.trunc())
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("{s:?} is not a network (e.g. \"10.0.0.0/8\") or an address"))
 }
 
 const LIMIT_FIELDS: &[&str] = &[
@@ -475,6 +667,90 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_shadow_plans_exemptions_and_the_default_plan_are_read() {
+        let t = PlanTable::from_toml(
+            r#"
+            default_plan = "basic"
+            [plans.basic]
+            limits = ["10 per minute"]
+            [plans.trial]
+            limits = ["5 per minute"]
+            shadow = true
+            [limits.search]
+            path = "/books/search"
+            per = "client"
+            limits = ["3 per minute"]
+            [limits.all]
+            limits = ["1000 per second"]
+            shadow = true
+            [exempt]
+            keys = ["ops-key"]
+            networks = ["10.0.0.0/8", "2001:db8::1"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(t.default_plan().unwrap().name(), "basic");
+        assert!(t.plan("trial").unwrap().is_shadow());
+        assert!(!t.plan("basic").unwrap().is_shadow());
+        let names: Vec<_> = t.limits().iter().map(Limit::name).collect();
+        assert_eq!(names, ["all", "search"]);
+        assert!(t.limits()[0].plan().is_shadow());
+        assert_eq!(t.exempt_keys, ["ops-key"]);
+        assert_eq!(t.exempt_networks.len(), 2);
+        // `free` is the default plan unless the file names another; none without either.
+        let t = PlanTable::from_toml("[plans.free]\nlimits = [\"1/s\"]").unwrap();
+        assert_eq!(t.default_plan().unwrap().name(), "free");
+        let t = PlanTable::from_toml("[plans.pro]\nlimits = [\"1/s\"]").unwrap();
+        assert!(t.default_plan().is_none());
+        for (text, path, says) in [
+            (
+                "default_plan = \"gold\"\n[plans.free]\nlimits = [\"1/s\"]",
+                "default_plan",
+                "not defined",
+            ),
+            (
+                "[plans.free]\nlimits = [\"1/s\"]\nshadow = 1",
+                "plans.free.shadow",
+                "boolean",
+            ),
+            (
+                "[plans.free]\nlimits = [\"1/s\"]\n[limits.x]\nlimits = [\"1/s\"]\nper = \"ip\"",
+                "limits.x.per",
+                "not",
+            ),
+            (
+                "[plans.free]\nlimits = [\"1/s\"]\n[limits.x]\nlimits = [\"1/s\"]\npath = \"books\"",
+                "limits.x.path",
+                "not a path",
+            ),
+            (
+                "[plans.free]\nlimits = [\"1/s\"]\n[limits.x]\nlimit = [\"1/s\"]",
+                "limits.x.limit",
+                "unknown field",
+            ),
+            (
+                "[plans.free]\nlimits = [\"1/s\"]\n[exempt]\nnetworks = [\"10.0.0.0/33\"]",
+                "exempt.networks[0]",
+                "not a network",
+            ),
+            (
+                "[plans.free]\nlimits = [\"1/s\"]\n[exempt]\nhosts = []",
+                "exempt.hosts",
+                "unknown field",
+            ),
+            (
+                "[plans.free]\nlimits = [\"1/s\"]\n[routes]",
+                "routes",
+                "unknown field",
+            ),
+        ] {
+            let e = PlanTable::from_toml(text).unwrap_err();
+            assert_eq!(e.path(), path, "{text}: {e}");
+            assert!(e.message().contains(says), "{text}: {e}");
+        }
+    }
 
     #[test]
     fn rates_and_durations_parse_in_human_forms() {
