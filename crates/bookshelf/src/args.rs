@@ -5,6 +5,7 @@ use core::time::Duration;
 use std::net::SocketAddr;
 
 use bucket4rs_tower::{FailurePolicy, PlanResolver as _, PlanTable, PlansError};
+use ipnet::IpNet;
 
 use crate::serve::{MAX_CONNECTIONS, ServeOptions};
 
@@ -64,6 +65,16 @@ impl OnFailure {
     }
 }
 
+/// What clients are told apart by (`--key`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyBy {
+    /// The `X-API-Key` header, whose plan the plans file gives (the default).
+    ApiKey,
+    /// The client's address (behind `--trusted-proxy` networks, the address they saw):
+    /// every client gets the plans file's default plan.
+    Ip,
+}
+
 /// The command line.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -84,6 +95,11 @@ pub struct Args {
     pub on_failure: OnFailure,
     /// `--connections N`: connections to Redis or PostgreSQL (default: the backend's).
     pub connections: Option<usize>,
+    /// `--key api-key|ip` (default `api-key`).
+    pub key: KeyBy,
+    /// `--trusted-proxy CIDR` (repeatable): the proxies whose forwarding header names the
+    /// client (with `--key ip`), exempt from the per-address connection cap.
+    pub trusted_proxies: Vec<IpNet>,
     /// `--header-timeout`, `--idle-timeout`, `--max-connections`.
     pub serve: ServeOptions,
     /// `--no-limit`: serve without the rate-limit layer (to measure its overhead).
@@ -111,7 +127,9 @@ bookshelf: the Bookshelf API, rate-limited by bucket4rs-tower
 USAGE: bookshelf [--addr HOST:PORT] [--plans FILE] [--redis URL | --postgres URL]
                  [--key-prefix P] [--max-keys N] [--backend-timeout D]
                  [--on-backend-failure error|deny|fallback:RATE] [--connections N]
-                 [--header-timeout D] [--idle-timeout D] [--max-connections N] [--no-limit]
+                 [--key api-key|ip] [--trusted-proxy CIDR]...
+                 [--header-timeout D] [--idle-timeout D] [--max-connections N]
+                 [--max-connections-per-address N] [--no-limit]
 
   --addr HOST:PORT      listen here (default 127.0.0.1:8080)
   --plans FILE          plans file (default: the shipped plans.toml)
@@ -125,10 +143,20 @@ USAGE: bookshelf [--addr HOST:PORT] [--plans FILE] [--redis URL | --postgres URL
                         error (503, the default), deny (429), or fallback:RATE, a
                         per-key limit in this process (e.g. 'fallback:10 per minute')
   --connections N       connections to Redis (default 1) or PostgreSQL (default 16)
+  --key api-key|ip      tell clients apart by the X-API-Key header and give each its plan
+                        from the plans file (default), or by address: every address gets
+                        the plans file's default plan (default_plan, else free)
+  --trusted-proxy CIDR  a network of your load balancers or proxies (repeatable): with
+                        --key ip, a request from one of them is keyed by the client address
+                        its X-Forwarded-For names (read from the right); they are not
+                        held to --max-connections-per-address
   --header-timeout D    time a client has to send a request's headers; also closes an
                         unused kept-alive connection (default 10s)
   --idle-timeout D      close a connection on which no byte moves for this long (default 60s)
   --max-connections N   open connections at most; beyond, new ones wait (default 1024)
+  --max-connections-per-address N
+                        open connections of one client address at most; beyond, its new
+                        ones are closed at once (default 64)
   --no-limit            serve without rate limiting (to measure the layer's overhead)
 
 Durations: 500ms, 10s, 2m, 1h. Zero timeouts, a zero key cap and zero connections are
@@ -208,6 +236,8 @@ impl Args {
             backend_timeout: Duration::from_secs(1),
             on_failure: OnFailure::Error,
             connections: None,
+            key: KeyBy::ApiKey,
+            trusted_proxies: Vec::new(),
             serve: ServeOptions::default(),
             no_limit: false,
             help: false,
@@ -275,11 +305,45 @@ impl Args {
                         "connections would refuse every client",
                     )?;
                 }
+                "--key" => {
+                    let v = value(f)?;
+                    out.key = match v.as_str() {
+                        "api-key" => KeyBy::ApiKey,
+                        "ip" => KeyBy::Ip,
+                        other => {
+                            return Err(ArgsError(format!(
+                                "--key: {other:?} is not api-key or ip"
+                            )));
+                        }
+                    };
+                }
+                "--trusted-proxy" => {
+                    let v = value(f)?;
+                    let net = v
+                        .trim()
+                        .parse::<IpNet>()
+                        .or_else(|_| v.trim().parse::<std::net::IpAddr>().map(IpNet::from))
+                        .map_err(|_| {
+                            ArgsError(format!(
+                                "--trusted-proxy: {v:?} is not a network such as 10.0.0.0/8"
+                            ))
+                        })?;
+                    out.trusted_proxies.push(net.trunc());
+                }
+                "--max-connections-per-address" => {
+                    out.serve.max_connections_per_address = count(
+                        f,
+                        &value(f)?,
+                        MAX_CONNECTIONS,
+                        "connections would refuse every client",
+                    )?;
+                }
                 "--no-limit" => out.no_limit = true,
                 "-h" | "--help" => out.help = true,
                 other => return Err(ArgsError(format!("unknown argument {other:?}\n\n{USAGE}"))),
             }
         }
+        out.serve.unlimited = out.trusted_proxies.clone();
         Ok(out)
     }
 }
@@ -336,6 +400,27 @@ mod tests {
         assert_eq!(a.on_failure, OnFailure::Deny);
         let a = parse(&["--on-backend-failure", "fallback:10 per minute"]).unwrap();
         assert_eq!(a.on_failure, OnFailure::Fallback("10 per minute".into()));
+        let a = parse(&[
+            "--key",
+            "ip",
+            "--trusted-proxy",
+            "10.1.2.3/8",
+            "--trusted-proxy=2001:db8::1",
+            "--max-connections-per-address",
+            "4",
+        ])
+        .unwrap();
+        assert_eq!(a.key, KeyBy::Ip);
+        assert_eq!(
+            a.trusted_proxies,
+            [
+                "10.0.0.0/8".parse::<IpNet>().unwrap(),
+                "2001:db8::1/128".parse().unwrap()
+            ]
+        );
+        assert_eq!(a.serve.max_connections_per_address, 4);
+        assert_eq!(a.serve.unlimited, a.trusted_proxies);
+        assert_eq!(parse(&[]).unwrap().key, KeyBy::ApiKey);
         let d = parse(&[]).unwrap();
         assert_eq!(d.serve, ServeOptions::default());
         assert_eq!(d.backend_timeout, Duration::from_secs(1));
@@ -373,6 +458,16 @@ mod tests {
                 "not error, deny or fallback",
             ),
             (&["--on-backend-failure", "fallback:lots"], "fallback:lots"),
+            (
+                &["--key", "cookie"],
+                "--key: \"cookie\" is not api-key or ip",
+            ),
+            (&["--trusted-proxy", "10.0.0.0/33"], "--trusted-proxy"),
+            (&["--trusted-proxy", "lb.internal"], "--trusted-proxy"),
+            (
+                &["--max-connections-per-address", "0"],
+                "--max-connections-per-address: 0 connections",
+            ),
         ] {
             let e = parse(args).unwrap_err().to_string();
             assert!(e.contains(says), "{args:?}: {e}");
@@ -391,6 +486,9 @@ mod tests {
             "--on-backend-failure",
             "--connections",
             "--max-keys",
+            "--key",
+            "--trusted-proxy",
+            "--max-connections-per-address",
         ] {
             assert!(USAGE.contains(flag), "{flag}");
         }

@@ -27,7 +27,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use bucket4rs_core::ConfigError;
-use bucket4rs_tower::{PlanTable, RateLimitLayer, RateLimitLayerBuilder, RequestInfo};
+use bucket4rs_tower::{
+    KeyExtractor, PlanTable, RateLimitLayer, RateLimitLayerBuilder, RequestInfo,
+};
 use serde::{Deserialize, Serialize};
 use tower::{Layer as _, Service};
 
@@ -35,7 +37,9 @@ mod args;
 mod serve;
 mod store;
 
-pub use args::{Args, ArgsError, MAX_BACKEND_CONNECTIONS, OnFailure, Store, USAGE, load_plans};
+pub use args::{
+    Args, ArgsError, KeyBy, MAX_BACKEND_CONNECTIONS, OnFailure, Store, USAGE, load_plans,
+};
 pub use serve::{MAX_CONNECTIONS, ServeOptions, serve_with};
 pub use store::{App, app_from};
 
@@ -210,11 +214,47 @@ pub fn layer(
     store: RateLimitLayerBuilder,
     plans: PlanTable,
 ) -> Result<RateLimitLayer, ConfigError> {
-    store
-        .key(bucket4rs_tower::KeyExtractor::header("x-api-key"))
-        .plans(plans)
+    plans
+        .configure(store.key(bucket4rs_tower::KeyExtractor::header("x-api-key")))
         .cost(cost)
         .build()
+}
+
+/// The rate-limiting layer with clients told apart by `key`: the `X-API-Key` header (as
+/// [`layer`]), or the client's address behind the `trusted` proxy networks, every address
+/// under the plans file's default plan. The file's further limits and allowlist apply.
+///
+/// # Errors
+/// `--key ip` with a plans file that names no default plan; the store's configuration
+/// error.
+///
+/// ```
+/// use bucket4rs_tower::RateLimitLayer;
+/// let plans = bucket4rs_tower::PlanTable::from_toml(bookshelf::DEFAULT_PLANS)?;
+/// let trusted = ["10.0.0.0/8".parse()?];
+/// let layer = bookshelf::layer_keyed(RateLimitLayer::builder(), plans, bookshelf::KeyBy::Ip, &trusted)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn layer_keyed(
+    store: RateLimitLayerBuilder,
+    plans: PlanTable,
+    key: KeyBy,
+    trusted: &[ipnet::IpNet],
+) -> Result<RateLimitLayer, String> {
+    let built = match key {
+        KeyBy::ApiKey => layer(store, plans),
+        KeyBy::Ip => {
+            let every = plans.default_plan().cloned().ok_or(
+                "--key ip: the plans file names no default plan (default_plan = \"NAME\", or a plan named free)",
+            )?;
+            let client = bucket4rs_tower::ClientIp::behind(trusted.iter().copied());
+            plans
+                .configure_with(store.key(KeyExtractor::client(client)), Some(every))
+                .cost(cost)
+                .build()
+        }
+    };
+    built.map_err(|e| format!("--max-keys: {e}"))
 }
 
 /// The rate-limited application: [`routes`] behind [`layer`], and `GET /health` (200,
@@ -239,6 +279,28 @@ pub fn app(store: RateLimitLayerBuilder, plans: PlanTable) -> Result<App, Config
     // does; a wrapped router would otherwise do it on every request.
     Ok(WithHealth(
         layer(store, plans)?.layer(routes().with_state(())),
+    ))
+}
+
+/// [`app`] with the layer of [`layer_keyed`].
+///
+/// # Errors
+/// As [`layer_keyed`].
+///
+/// ```
+/// use bucket4rs_tower::RateLimitLayer;
+/// let plans = bucket4rs_tower::PlanTable::from_toml(bookshelf::DEFAULT_PLANS)?;
+/// let app = bookshelf::app_keyed(RateLimitLayer::builder(), plans, bookshelf::KeyBy::Ip, &[])?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn app_keyed(
+    store: RateLimitLayerBuilder,
+    plans: PlanTable,
+    key: KeyBy,
+    trusted: &[ipnet::IpNet],
+) -> Result<App, String> {
+    Ok(WithHealth(
+        layer_keyed(store, plans, key, trusted)?.layer(routes().with_state(())),
     ))
 }
 

@@ -32,8 +32,9 @@ pub const MAX_CONNECTIONS: usize = 1 << 20;
 /// assert_eq!(o.header_timeout, std::time::Duration::from_secs(10));
 /// assert_eq!(o.idle_timeout, std::time::Duration::from_secs(60));
 /// assert_eq!(o.max_connections, 1024);
+/// assert_eq!(o.max_connections_per_address, 64);
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServeOptions {
     /// How long a client has to send a request's headers, counted from the moment the
@@ -49,6 +50,12 @@ pub struct ServeOptions {
     /// Open connections at most; at the cap the server stops accepting (new connections
     /// wait in the kernel's backlog) until one closes. Default 1,024.
     pub max_connections: usize,
+    /// Open connections of one client address at most (IPv4-mapped IPv6 counted as IPv4):
+    /// beyond, its new connections are closed at once, so that one address cannot take
+    /// every connection of `max_connections`. Default 64.
+    pub max_connections_per_address: usize,
+    /// Addresses not held to `max_connections_per_address` (the load balancers in front).
+    pub unlimited: Vec<ipnet::IpNet>,
 }
 
 impl Default for ServeOptions {
@@ -57,6 +64,8 @@ impl Default for ServeOptions {
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_connections: 1024,
+            max_connections_per_address: 64,
+            unlimited: Vec::new(),
         }
     }
 }
@@ -75,6 +84,7 @@ impl ServeOptions {
             header_timeout,
             idle_timeout,
             max_connections,
+            ..Self::default()
         }
     }
 
@@ -100,6 +110,11 @@ impl ServeOptions {
         if !(1..=MAX_CONNECTIONS).contains(&self.max_connections) {
             return Err(format!(
                 "--max-connections must be between 1 and {MAX_CONNECTIONS}"
+            ));
+        }
+        if !(1..=MAX_CONNECTIONS).contains(&self.max_connections_per_address) {
+            return Err(format!(
+                "--max-connections-per-address must be between 1 and {MAX_CONNECTIONS}"
             ));
         }
         Ok(())
@@ -141,6 +156,7 @@ where
     let permits = Arc::new(Semaphore::new(options.max_connections));
     let (stop, stopping) = watch::channel(());
     let idle = options.idle_timeout;
+    let per_address = PerAddress::new(options);
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -163,10 +179,18 @@ where
                 }
             },
         };
+        let Some(slot) = per_address.take(peer.ip()) else {
+            // This address holds its share of the connections: closed at once, its permit
+            // back for another client.
+            tracing::debug!(%peer, "connection closed: the address is at its connection cap");
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let (http, app, stopping) = (Arc::clone(&http), app.clone(), stopping.clone());
         tokio::spawn(async move {
             connection(&http, stream, peer, app, idle, stopping).await;
+            drop(slot);
             drop(permit);
         });
     }
@@ -175,6 +199,68 @@ where
     let all = u32::try_from(options.max_connections).unwrap_or(u32::MAX);
     let _ = permits.acquire_many(all).await;
     Ok(())
+}
+
+/// Open connections per client address.
+struct PerAddress {
+    max: usize,
+    unlimited: Vec<ipnet::IpNet>,
+    open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+/// One open connection of an address: counted until dropped.
+struct Slot {
+    ip: Option<std::net::IpAddr>,
+    open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+impl PerAddress {
+    fn new(options: &ServeOptions) -> Self {
+        Self {
+            max: options.max_connections_per_address,
+            unlimited: options.unlimited.clone(),
+            open: Arc::default(),
+        }
+    }
+
+    /// A slot for a connection from `ip`, unless the address holds its share already.
+    fn take(&self, ip: std::net::IpAddr) -> Option<Slot> {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        let open = Arc::clone(&self.open);
+        if self.unlimited.iter().any(|n| n.contains(&ip)) {
+            return Some(Slot { ip: None, open });
+        }
+        let mut map = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = map.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        drop(map);
+        Some(Slot { ip: Some(ip), open })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let Some(ip) = self.ip else { return };
+        let mut map = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let std::collections::hash_map::Entry::Occupied(mut e) = map.entry(ip) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
 }
 
 /// One connection, until it ends, idles out, or is told to stop.

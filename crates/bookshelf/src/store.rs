@@ -37,7 +37,7 @@ pub fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), String> 
             let store = RateLimitLayer::builder()
                 .max_keys(args.max_keys)
                 .failure_policy(policy);
-            let app = crate::app(store, plans).map_err(|e| format!("--max-keys: {e}"))?;
+            let app = crate::app_keyed(store, plans, args.key, &args.trusted_proxies)?;
             Ok((app, "in-process".into()))
         }
         Store::Redis(url) => {
@@ -99,5 +99,5 @@ fn shared<B: Backend>(args: &Args, backend: B, plans: PlanTable) -> Result<App, 
     let store = RateLimitLayer::builder()
         .backend(manager)
         .failure_policy(args.on_failure.policy()?);
-    crate::app(store, plans).map_err(|e| e.to_string())
+    crate::app_keyed(store, plans, args.key, &args.trusted_proxies)
 }

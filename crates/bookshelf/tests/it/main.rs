@@ -1,6 +1,7 @@
 //! End-to-end tests: the Bookshelf server on a loopback port, a real HTTP client.
 
 mod faults;
+mod proxies;
 
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
