@@ -58,8 +58,12 @@ impl Drop for Shelf {
     }
 }
 
+/// Serving options; every connection comes from 127.0.0.1 here, so the per-address cap is
+/// the whole cap (it has its own test, `proxies::one_address_cannot_take_every_connection`).
 fn options(header: Duration, idle: Duration, max: usize) -> ServeOptions {
-    ServeOptions::new(header, idle, max)
+    let mut o = ServeOptions::new(header, idle, max);
+    o.max_connections_per_address = max;
+    o
 }
 
 /// Waits until the server closes `conn` (a read of 0 bytes or an error), at most `limit`;
