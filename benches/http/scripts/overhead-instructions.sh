@@ -54,7 +54,7 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${1:-$TARGET/release/bookshelf}
 FLOOR=${2:-$TARGET/release/header_floor}
 PEER=${PEER:-$TARGET/release/governor_peer}
-PLANS=$ROOT/benches/http/bench-plans.toml
+PLANS=${PLANS:-$ROOT/benches/http/bench-plans.toml}
 DURATION=${DURATION:-10s}
 
 for b in "$BIN" "$FLOOR"; do

@@ -60,7 +60,7 @@ BIN=${2:-$TARGET/release/bookshelf}
 BASE=${3:-}
 FLOOR=${FLOOR:-$TARGET/release/header_floor}
 PEER=${PEER:-$TARGET/release/governor_peer}
-PLANS=$ROOT/benches/http/bench-plans.toml
+PLANS=${PLANS:-$ROOT/benches/http/bench-plans.toml}
 DURATION=${DURATION:-3s}
 RESTART=${RESTART:-1}
 whole_number RESTART "$RESTART"

@@ -30,7 +30,7 @@ whole_number ROUNDS "$ROUNDS"
 BIN=${2:-${CARGO_TARGET_DIR:-$ROOT/target}/release/bookshelf}
 BASE=${3:-}
 FLOOR=${FLOOR:-}
-PLANS=$ROOT/benches/http/bench-plans.toml
+PLANS=${PLANS:-$ROOT/benches/http/bench-plans.toml}
 DURATION=${DURATION:-2s}
 NICE=${NICE:-nice -n -15}
 TICKS=$(getconf CLK_TCK)

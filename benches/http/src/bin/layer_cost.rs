@@ -2,8 +2,9 @@
 //! layer (`with`: [`bookshelf::app`] on the server's default store, buckets in this process),
 //! without it (`without`: [`bookshelf::routes`]), with the layer added per route by
 //! `Router::layer` (`per-route`), or with the layer on a store that reads the system time
-//! (`with-system-clock`). Prints the time per request. Timings on a shared machine are noisy;
-//! instruction counts are not:
+//! (`with-system-clock`; `with-three-limits`: also a route and a global limit;
+//! `with-recorder`: with a `metrics` recorder installed). Prints the time per request.
+//! Timings on a shared machine are noisy; instruction counts are not:
 //!
 //! ```text
 //! cargo build --release -p bucket4rs-http-benches --bin layer_cost
@@ -47,7 +48,29 @@ fn main() {
             let app = bookshelf::app(store, plans).expect("layer");
             return drive(app, &mode, n);
         }
-        other => panic!("mode {other:?}: with, with-system-clock, without or per-route"),
+        // Three limits per request: the plan, a route limit, a global limit.
+        "with-three-limits" => {
+            let plans = bucket4rs_tower::PlanTable::from_toml(include_str!(
+                "../../bench-plans-three-limits.toml"
+            ))
+            .expect("bench plans");
+            let store = RateLimitLayer::builder().clock(SystemNanosClock);
+            let app = bookshelf::app(store, plans).expect("layer");
+            return drive(app, &mode, n);
+        }
+        // One limit, with a `metrics` recorder installed (metrics-util's debugging one).
+        "with-recorder" => {
+            metrics_util::debugging::DebuggingRecorder::new()
+                .install()
+                .expect("the only recorder");
+            let store = RateLimitLayer::builder().clock(SystemNanosClock);
+            let app = bookshelf::app(store, plans).expect("layer");
+            return drive(app, &mode, n);
+        }
+        other => panic!(
+            "mode {other:?}: with, with-system-clock, with-three-limits, with-recorder, \
+             without or per-route"
+        ),
     };
     // As `axum::serve` does (`into_make_service*`): handlers become routes once, not per request.
     drive(app.with_state(()), &mode, n);
