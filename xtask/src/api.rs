@@ -55,9 +55,10 @@ pub(crate) const PRODUCT_CRATES: [&str; 8] = [
 /// The most public items (summed over [`PRODUCT_CRATES`]) that `cargo xtask api --check`
 /// accepts, or `None` for no limit. Re-exports (`use` lines) do not count. The surface only
 /// grows by a change that raises this number, in review (the goal of 380 was met; issue #29
-/// added 29 items to the HTTP layer for the client address behind proxies, further limits,
-/// shadow mode, the allowlist and the refusal hook).
-pub(crate) const API_BUDGET: Option<usize> = Some(409);
+/// added 34 items to the HTTP layer, 50 to 84, for the client address behind proxies,
+/// further limits, shadow mode, the allowlist, the refusal hook and the plans file's new
+/// sections).
+pub(crate) const API_BUDGET: Option<usize> = Some(412);
 
 /// Where the listings are committed, relative to the workspace root.
 const API_DIR: &str = "docs/api";
