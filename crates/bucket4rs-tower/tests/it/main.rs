@@ -998,7 +998,7 @@ fn plans_file_errors_name_the_field() {
     assert_eq!(err("[plans]"), "plans: define at least one plan");
     assert_eq!(
         err("[plan.free]"),
-        "plan: unknown field (expected `plans` or `keys`)"
+        "plan: unknown field (expected one of plans, keys, default_plan, limits, exempt)"
     );
     assert!(err("[plans.free\nlimits = 3").starts_with("invalid TOML: "));
     // Every shape of limit.
