@@ -186,10 +186,10 @@ pub(crate) fn verdict<ResBody: From<Bytes>>(
     plan: &Plan,
     answer: &Answer,
     cost: u64,
-    grpc: bool,
+    grpc: impl FnOnce() -> bool,
 ) -> Verdict<Response<ResBody>> {
     if !same(answer.configuration(), plan.configuration()) {
-        return stale_verdict(shared, plan, answer, cost, grpc);
+        return stale_verdict(shared, plan, answer, cost, grpc());
     }
     let probe = answer.value();
     let headers = RateHeaders {
@@ -202,7 +202,7 @@ pub(crate) fn verdict<ResBody: From<Bytes>>(
         plan.counters("client").allowed.increment(1);
         Verdict::Allow(Some(headers))
     } else {
-        verdict_many(shared, &[Asked { plan, answer }], cost, grpc)
+        verdict_many(shared, &[Asked { plan, answer }], cost, grpc())
     }
 }
 
@@ -222,7 +222,7 @@ fn stale_verdict<ResBody: From<Bytes>>(
     if cost > decided_under.min_capacity() {
         return Verdict::Answer(cost_exceeds_capacity(&decided_under, cost));
     }
-    verdict(shared, &decided_under, answer, cost, grpc)
+    verdict(shared, &decided_under, answer, cost, || grpc)
 }
 
 /// The plan `answer` was decided under: `plan`, or its name over the configuration the

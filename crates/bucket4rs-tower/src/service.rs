@@ -93,9 +93,22 @@ where
 type Pending<R> = Result<Verdict<R>, BoxFuture<Verdict<R>>>;
 
 /// The request's verdict: its key, cost and plan, then the store's answer; in a `debug`
-/// span (free without a subscriber that wants it).
+/// span when a subscriber wants one (without, one load of tracing's global level filter).
 #[inline]
 fn decide<ReqBody, ResBody: From<Bytes> + Send + 'static>(
+    shared: &Arc<Shared>,
+    req: &Request<ReqBody>,
+) -> Pending<Response<ResBody>> {
+    if !tracing::level_enabled!(tracing::Level::DEBUG) {
+        return decide_in(shared, req, None);
+    }
+    decide_traced(shared, req)
+}
+
+/// [`decide`] in its span.
+#[cold]
+#[inline(never)]
+fn decide_traced<ReqBody, ResBody: From<Bytes> + Send + 'static>(
     shared: &Arc<Shared>,
     req: &Request<ReqBody>,
 ) -> Pending<Response<ResBody>> {
@@ -105,11 +118,8 @@ fn decide<ReqBody, ResBody: From<Bytes> + Send + 'static>(
         cost = tracing::field::Empty,
         status = tracing::field::Empty
     );
-    if span.is_disabled() {
-        return decide_in(shared, req, &span);
-    }
     let _entered = span.enter();
-    let pending = decide_in(shared, req, &span);
+    let pending = decide_in(shared, req, Some(&span));
     if let Ok(v) = &pending {
         let status = match v {
             Verdict::Allow(_) => 0,
@@ -124,7 +134,7 @@ fn decide<ReqBody, ResBody: From<Bytes> + Send + 'static>(
 fn decide_in<ReqBody, ResBody: From<Bytes> + Send + 'static>(
     shared: &Arc<Shared>,
     req: &Request<ReqBody>,
-    span: &tracing::Span,
+    span: Option<&tracing::Span>,
 ) -> Pending<Response<ResBody>> {
     let info = RequestInfo::new(req);
     let Some(key) = shared.key.extract(&info) else {
@@ -140,7 +150,7 @@ fn decide_in<ReqBody, ResBody: From<Bytes> + Send + 'static>(
     let Some(plan) = shared.plans.as_ref().and_then(|p| p.resolve(&key)) else {
         return Ok(unknown(shared));
     };
-    if !span.is_disabled() {
+    if let Some(span) = span {
         span.record("plan", plan.name());
         span.record("cost", cost);
     }
@@ -153,8 +163,8 @@ fn decide_in<ReqBody, ResBody: From<Bytes> + Send + 'static>(
             &plan, cost,
         )));
     }
-    let grpc = response::is_grpc(info.headers());
     if !shared.limits.is_empty() {
+        let grpc = response::is_grpc(info.headers());
         let applicable: Vec<usize> = (0..shared.limits.len())
             .filter(|&i| shared.limits[i].limit.applies(&info))
             .collect();
@@ -169,13 +179,15 @@ fn decide_in<ReqBody, ResBody: From<Bytes> + Send + 'static>(
             )));
         }
     }
+    // Whether it is a gRPC call matters to a refusal only: read then.
+    let grpc = || response::is_grpc(info.headers());
     match &shared.store {
         Store::Local(local) => Ok(match local.ask(&key, &plan, cost) {
             Ok(answer) => response::verdict(shared, &plan, &answer, cost, grpc),
-            Err(e) => failed(shared, &key, cost, grpc, e),
+            Err(e) => failed(shared, &key, cost, grpc(), e),
         }),
         #[cfg(feature = "distributed")]
-        Store::Remote(remote) => ask_remote(shared, &**remote, &key, plan, cost, grpc),
+        Store::Remote(remote) => ask_remote(shared, &**remote, &key, plan, cost, grpc()),
     }
 }
 
@@ -227,7 +239,7 @@ fn ask_remote<ResBody: From<Bytes> + Send + 'static>(
     let (shared, key) = (Arc::clone(shared), key.to_owned());
     Err(Box::pin(async move {
         match asked.await {
-            Ok(answer) => response::verdict(&shared, &plan, &answer, cost, grpc),
+            Ok(answer) => response::verdict(&shared, &plan, &answer, cost, || grpc),
             Err(e) => failed(&shared, &key, cost, grpc, e),
         }
     }))
@@ -391,7 +403,7 @@ fn failed<ResBody: From<Bytes>>(
                 } else {
                     "fallback_refused"
                 });
-                response::verdict(shared, plan, &answer, cost, grpc)
+                response::verdict(shared, plan, &answer, cost, || grpc)
             }
             None => Verdict::Answer(response::denied_on_failure()),
         },

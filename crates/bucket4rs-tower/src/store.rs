@@ -81,7 +81,7 @@ impl Local {
     ///
     /// # Errors
     /// The keyed bucket's: a full store ([`KeyedError::TooManyKeys`]), mostly.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn ask(&self, key: &str, plan: &Plan, cost: u64) -> Result<Answer, StoreError> {
         let answer = self.verbose.try_consume_and_return_remaining(key, cost)?;
         if !same(answer.configuration(), plan.configuration()) {

@@ -387,3 +387,62 @@ async fn grpc_refusals_and_the_refusal_hook() {
     assert_eq!(r.headers()["retry-after"], "20", "the layer's headers stay");
     assert_eq!(r.body(), "wait 20");
 }
+
+/// Each decision runs in a `rate_limit` span at DEBUG, with the plan, the cost and the
+/// layer's own status (0: allowed).
+#[tokio::test]
+async fn each_decision_runs_in_a_debug_span() {
+    use std::sync::Mutex;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    #[derive(Clone, Default)]
+    struct Spans(Arc<Mutex<Vec<String>>>);
+    struct Fields<'a>(&'a mut String);
+    impl tracing::field::Visit for Fields<'_> {
+        fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!(" {}={v:?}", f.name()));
+        }
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Spans {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _: &tracing::span::Id,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let m = attrs.metadata();
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{} {}", m.level(), m.name()));
+        }
+        fn on_record(
+            &self,
+            _: &tracing::span::Id,
+            values: &tracing::span::Record<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut spans = self.0.lock().unwrap();
+            if let Some(last) = spans.last_mut() {
+                values.record(&mut Fields(last));
+            }
+        }
+    }
+    let spans = Spans::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    let svc = RateLimitLayer::builder()
+        .plans(Plan::new("free", simple(1, Duration::from_secs(60))))
+        .build()
+        .unwrap()
+        .layer(hello());
+    call(&svc, req(Some("k"), "/")).await;
+    call(&svc, req(Some("k"), "/")).await;
+    let seen = spans.0.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            "DEBUG rate_limit plan=\"free\" cost=1 status=0",
+            "DEBUG rate_limit plan=\"free\" cost=1 status=429"
+        ]
+    );
+}
