@@ -247,15 +247,14 @@ pub(crate) fn verdict_many<ResBody: From<Bytes>>(
     cost: u64,
     grpc: bool,
 ) -> Verdict<Response<ResBody>> {
-    let mut policy = Vec::new();
-    let mut ratelimit = Vec::new();
+    // Room for a few policies each, so the values are not grown step by step.
+    let mut policy = Vec::with_capacity(64 * asked.len());
+    let mut ratelimit = Vec::with_capacity(64 * asked.len());
     let mut refused: Option<(String, u64, u64)> = None;
     let mut shadowed: Option<(String, u64)> = None;
     for (i, a) in asked.iter().enumerate() {
         let plan = under(a.plan, a.answer);
-        let limit = if i == 0 { "client" } else { plan.name() };
-        let limit = limit.to_owned();
-        let counters = plan.counters(&limit);
+        let counters = plan.counters(if i == 0 { "client" } else { plan.name() });
         let probe = a.answer.value();
         if i > 0 {
             policy.extend_from_slice(b", ");
