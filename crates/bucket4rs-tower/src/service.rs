@@ -252,6 +252,18 @@ enum Target {
     Limit(usize),
 }
 
+/// A limit's buckets when they are in this process (`None`: the shared store).
+fn local_of(shared: &Shared, target: Target) -> Option<&crate::store::Local> {
+    match target {
+        Target::Client => match &shared.store {
+            Store::Local(local) => Some(local),
+            #[cfg(feature = "distributed")]
+            Store::Remote(_) => None,
+        },
+        Target::Limit(i) => shared.limits[i].local.as_ref(),
+    }
+}
+
 /// The question to a limit's store, about `key` under `plan`.
 async fn ask(
     shared: &Shared,
@@ -260,15 +272,7 @@ async fn ask(
     plan: &Plan,
     cost: u64,
 ) -> Result<Answer, StoreError> {
-    let local = match target {
-        Target::Client => match &shared.store {
-            Store::Local(local) => Some(local),
-            #[cfg(feature = "distributed")]
-            Store::Remote(_) => None,
-        },
-        Target::Limit(i) => shared.limits[i].local.as_ref(),
-    };
-    if let Some(local) = local {
+    if let Some(local) = local_of(shared, target) {
         return local.ask(key, plan, cost);
     }
     #[cfg(feature = "distributed")]
@@ -281,15 +285,7 @@ async fn ask(
 /// Gives `cost` back to `key`'s bucket of `plan` in a limit's store (a request another
 /// limit refused). A failure is logged and counted: those tokens stay taken.
 async fn give_back(shared: &Shared, target: Target, key: &str, plan: &Plan, cost: u64) {
-    let local = match target {
-        Target::Client => match &shared.store {
-            Store::Local(local) => Some(local),
-            #[cfg(feature = "distributed")]
-            Store::Remote(_) => None,
-        },
-        Target::Limit(i) => shared.limits[i].local.as_ref(),
-    };
-    let result = match local {
+    let result = match local_of(shared, target) {
         Some(local) => local.give_back(key, cost),
         #[cfg(feature = "distributed")]
         None => match &shared.store {
