@@ -57,8 +57,10 @@ pub(crate) const PRODUCT_CRATES: [&str; 8] = [
 /// grows by a change that raises this number, in review (the goal of 380 was met; issue #29
 /// added 34 items to the HTTP layer, 50 to 84, for the client address behind proxies,
 /// further limits, shadow mode, the allowlist, the refusal hook and the plans file's new
-/// sections).
-pub(crate) const API_BUDGET: Option<usize> = Some(412);
+/// sections; issue #33 added 5 to the distributed crate: the remote bucket's listener, the
+/// blocking view's `try_consume` and `as_verbose`, and the errors' `is_in_doubt` and
+/// `is_retryable`).
+pub(crate) const API_BUDGET: Option<usize> = Some(417);
 
 /// Where the listings are committed, relative to the workspace root.
 const API_DIR: &str = "docs/api";

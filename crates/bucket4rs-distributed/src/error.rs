@@ -129,32 +129,51 @@ impl fmt::Display for KeyError {
 
 impl StdError for KeyError {}
 
-/// The broad class of a [`BackendError`].
+/// The broad class of a [`BackendError`], and with it what is known about the operation.
+///
+/// Every kind but two says the operation was **not applied**: the backend was not reached,
+/// refused it, or rolled it back, so a failed call changed nothing. [`InDoubt`](Self::InDoubt)
+/// and [`Inconsistent`](Self::Inconsistent) say it **may have been applied**
+/// ([`DistributedError::is_in_doubt`]). A backend reports a failure after which its request
+/// may have run (sent, then no reply) as `InDoubt`, whatever its cause.
 ///
 /// ```
-/// use bucket4rs_distributed::{BackendError, BackendErrorKind};
+/// use bucket4rs_distributed::{BackendError, BackendErrorKind, DistributedError};
 /// let e = BackendError::new(BackendErrorKind::Unavailable, "connection refused");
 /// assert_eq!(e.kind(), BackendErrorKind::Unavailable);
+/// assert!(!DistributedError::Backend(e).is_in_doubt());
+/// let lost = BackendError::new(BackendErrorKind::InDoubt, "connection reset after sending");
+/// assert!(DistributedError::Backend(lost).is_in_doubt());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum BackendErrorKind {
-    /// The backend cannot be reached (down, refused, connection lost).
+    /// The backend cannot be reached or refuses the operation (no connection, connection
+    /// refused, the circuit breaker open, a read-only server): not applied.
     Unavailable,
-    /// The backend did not answer in time.
+    /// The backend did not run the operation in time: its server refused it past the caller's
+    /// deadline, the deadline passed before it was sent, or a lock wait timed out and the
+    /// server rolled it back. Not applied.
     Timeout,
-    /// The backend answered something this library does not understand.
+    /// The request was sent and no reply came (the connection was lost after sending, or the
+    /// reply did not arrive in time): the operation **may have been applied**.
+    InDoubt,
+    /// The backend answered something this library does not understand, before anything
+    /// was applied.
     Protocol,
-    /// An optimistic write lost against a concurrent writer (retried by the manager).
+    /// An optimistic write lost against a concurrent writer (retried by the manager): not
+    /// applied.
     Conflict,
     /// The key holds a value of another type (the message names it); reported to callers
-    /// as [`FormatError::WrongType`].
+    /// as [`FormatError::WrongType`]. Not applied.
     WrongType,
-    /// The backend refuses new keys (e.g. the embedded backend's key cap).
+    /// The backend refuses new keys (e.g. the embedded backend's key cap, a full Redis): not
+    /// applied.
     CapacityExhausted,
-    /// The backend computed a state that differs from the core's (a bug, reported loudly).
+    /// The backend wrote a state that differs from the core's (a bug, reported loudly): the
+    /// write happened, so the operation is in doubt.
     Inconsistent,
-    /// Anything else.
+    /// Anything else the backend reports as not applied.
     Other,
 }
 
@@ -271,6 +290,19 @@ impl StdError for BackendError {
 /// Being rate-limited is not an error (it is a `false`, a probe, …); these are invalid
 /// arguments, bad stored data and backend failures.
 ///
+/// Every error says what became of the call:
+///
+/// - **not applied** — nothing changed: it was rejected before it was sent (invalid
+///   arguments, a key too long, an open circuit breaker, a timeout while queued), the backend
+///   was not reached or refused it (its server refused it past the caller's deadline, a
+///   read-only server, a lost compare-and-set), or the stored data could not be read.
+///   [`is_retryable`](Self::is_retryable) says which of these may pass if the call is made
+///   again (the backend unavailable, busy or late, a lost race).
+/// - **in doubt** ([`is_in_doubt`](Self::is_in_doubt)) — the request was sent and no reply
+///   came back (the connection was lost after sending, no reply within the timeout): the
+///   backend may have applied it. The kind is [`BackendErrorKind::InDoubt`] (or
+///   [`BackendErrorKind::Inconsistent`], a write the core disagrees with).
+///
 /// ```
 /// use bucket4rs_distributed::{DistributedError, ProxyManager, EmbeddedBackend};
 /// use bucket4rs_core::{Bandwidth, BucketConfiguration, OperationError};
@@ -295,7 +327,10 @@ pub enum DistributedError {
     Key(KeyError),
     /// The stored bytes are not a readable bucket record.
     Format(FormatError),
-    /// The call did not complete within the configured timeout.
+    /// The call did not complete within the configured timeout before anything of it was
+    /// sent (it was queued behind its key's batch in flight, or waited for a connection), or
+    /// a read timed out: not applied. A call that timed out with its request in flight fails
+    /// with a [`BackendErrorKind::InDoubt`] backend error instead.
     Timeout {
         /// The timeout that elapsed.
         after: Duration,
@@ -352,6 +387,53 @@ impl DistributedError {
     /// ```
     pub fn is_unavailable(&self) -> bool {
         matches!(self, Self::Timeout { .. } | Self::Backend(_))
+    }
+
+    /// Whether the call may have been applied although it failed: its request was sent and no
+    /// reply came ([`BackendErrorKind::InDoubt`]), or the backend wrote a state the core
+    /// disagrees with ([`BackendErrorKind::Inconsistent`]). Every other error means the call
+    /// changed nothing.
+    ///
+    /// ```
+    /// use bucket4rs_distributed::{BackendError, BackendErrorKind, DistributedError};
+    /// let lost = DistributedError::Backend(BackendError::new(BackendErrorKind::InDoubt, "reset by peer"));
+    /// assert!(lost.is_in_doubt() && !lost.is_retryable());
+    /// let refused = DistributedError::Backend(BackendError::new(BackendErrorKind::Unavailable, "refused"));
+    /// assert!(!refused.is_in_doubt() && refused.is_retryable());
+    /// ```
+    pub fn is_in_doubt(&self) -> bool {
+        matches!(
+            self,
+            Self::Backend(e) if matches!(
+                e.kind(),
+                BackendErrorKind::InDoubt | BackendErrorKind::Inconsistent
+            )
+        )
+    }
+
+    /// Whether the call was not applied and may succeed if made again: a timeout before it
+    /// was sent, or a backend that was unavailable, refused it past its deadline, or lost a
+    /// race ([`BackendErrorKind::Unavailable`], [`BackendErrorKind::Timeout`],
+    /// [`BackendErrorKind::Conflict`]). In-doubt errors, invalid input and unreadable records
+    /// are not.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::DistributedError; use std::time::Duration;
+    /// assert!(DistributedError::Timeout { after: Duration::from_millis(5) }.is_retryable());
+    /// let invalid = DistributedError::Operation(bucket4rs_core::OperationError::ZeroTokens);
+    /// assert!(!invalid.is_retryable());
+    /// ```
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Timeout { .. } => true,
+            Self::Backend(e) => matches!(
+                e.kind(),
+                BackendErrorKind::Unavailable
+                    | BackendErrorKind::Timeout
+                    | BackendErrorKind::Conflict
+            ),
+            _ => false,
+        }
     }
 }
 

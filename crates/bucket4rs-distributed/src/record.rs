@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use bucket4rs_core::ops::{self, Operation};
 use bucket4rs_core::{
-    BucketConfiguration, BucketState, Clock, OperationError, TokensInheritanceStrategy,
-    VerboseResult,
+    BucketConfiguration, BucketListener, BucketState, Clock, OperationError,
+    TokensInheritanceStrategy, VerboseResult,
 };
 
 use crate::backend::{Command, Transaction, Write};
@@ -95,11 +95,22 @@ impl Job for ReplaceJob {
     }
 }
 
-/// A core operation the remote buckets send: the command backends see, and its argument check
-/// (made before anything is sent).
+/// A core operation the remote buckets send: the command backends see, its argument check
+/// (made before anything is sent), and what a bucket's listener hears once its result is
+/// known (the local buckets' events: only consumption notifies).
 pub(crate) trait RemoteOp: Operation + Send + Sync {
     fn command(&self) -> Command;
     fn validate(&self) -> Result<(), OperationError>;
+    fn notify_listener(&self, _output: &Self::Output, _listener: &dyn BucketListener) {}
+}
+
+/// `tokens` consumed, or refused.
+fn consumed_or_rejected(listener: &dyn BucketListener, consumed: bool, tokens: u64) {
+    if consumed {
+        listener.on_consumed(tokens);
+    } else {
+        listener.on_rejected(tokens);
+    }
 }
 
 fn nonzero(n: u64) -> Result<(), OperationError> {
@@ -111,7 +122,7 @@ fn nonzero(n: u64) -> Result<(), OperationError> {
 }
 
 macro_rules! remote_op {
-    ($t:ty, |$s:ident| $cmd:expr, $check:expr) => {
+    ($t:ty, |$s:ident| $cmd:expr, $check:expr $(, notify |$o:ident, $l:ident| $notify:expr)?) => {
         impl RemoteOp for $t {
             fn command(&self) -> Command {
                 let $s = self;
@@ -123,15 +134,29 @@ macro_rules! remote_op {
                 let _ = $s;
                 $check
             }
+            $(
+                fn notify_listener(&self, $o: &Self::Output, $l: &dyn BucketListener) {
+                    let $s = self;
+                    $notify
+                }
+            )?
         }
     };
 }
 
-remote_op!(ops::TryConsume, |s| Command::TryConsume(s.0), nonzero(s.0));
+remote_op!(
+    ops::TryConsume,
+    |s| Command::TryConsume(s.0),
+    nonzero(s.0),
+    notify | out,
+    l | consumed_or_rejected(l, *out, s.0)
+);
 remote_op!(
     ops::TryConsumeAndReturnRemaining,
     |s| Command::TryConsumeAndReturnRemaining(s.0),
-    nonzero(s.0)
+    nonzero(s.0),
+    notify | out,
+    l | consumed_or_rejected(l, out.is_consumed(), s.0)
 );
 remote_op!(
     ops::EstimateAbilityToConsume,
@@ -145,6 +170,11 @@ remote_op!(
         Err(OperationError::ZeroLimit)
     } else {
         Ok(())
+    },
+    notify | out,
+    l | if *out > 0 {
+        let _ = s;
+        l.on_consumed(*out);
     }
 );
 remote_op!(ops::AddTokens, |s| Command::AddTokens(s.0), nonzero(s.0));
@@ -158,7 +188,9 @@ remote_op!(ops::AvailableTokens, |s| Command::AvailableTokens, Ok(()));
 remote_op!(
     ops::ConsumeIgnoringRateLimits,
     |s| Command::ConsumeIgnoringRateLimits(s.0),
-    nonzero(s.0)
+    nonzero(s.0),
+    notify | _out,
+    l | l.on_consumed(s.0)
 );
 remote_op!(
     ops::Reserve,
@@ -170,7 +202,9 @@ remote_op!(
         nonzero(s.tokens).and(Err(OperationError::ZeroMaxWait))
     } else {
         nonzero(s.tokens)
-    }
+    },
+    notify | out,
+    l | consumed_or_rejected(l, out.is_some(), s.tokens)
 );
 
 /// A new record from `supplier` (the key has none), checked against the clock and the format.

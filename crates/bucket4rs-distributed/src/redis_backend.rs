@@ -223,6 +223,30 @@ fn resp3(client: redis::Client) -> Result<redis::Client, BackendError> {
     redis::Client::open(info.set_redis_settings(redis)).map_err(map_err)
 }
 
+/// An error of a command that was sent: the server's own error reply (it answered, so
+/// [`map_err`] says what it means), or no reply at all (the connection ended or broke, the
+/// reply did not arrive in time), after which the command may have run: in doubt.
+fn sent_err(e: RedisError) -> BackendError {
+    if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+        BackendError::new(
+            BackendErrorKind::InDoubt,
+            format!("no reply from Redis after the command was sent ({e}): it may have run"),
+        )
+        .with_source(e)
+    } else {
+        map_err(e)
+    }
+}
+
+/// A reply to one of the scripts that this library cannot read: the script ran, so what it
+/// did is not known.
+fn garbled(what: &str) -> BackendError {
+    BackendError::new(
+        BackendErrorKind::InDoubt,
+        format!("unreadable reply from the bucket script ({what}): it may have written"),
+    )
+}
+
 /// The scripts' answer to a command that reached the server after its caller's deadline.
 fn too_late() -> BackendError {
     BackendError::new(
@@ -369,7 +393,7 @@ impl RedisBackend {
     /// time) may have run, so it is reported, not re-sent, and its connection is dropped when
     /// the error may have broken it.
     async fn query(&self, cmd: &redis::Cmd, until: Instant) -> Result<(Value, i64), BackendError> {
-        self.send(cmd, until).await?.map_err(map_err)
+        self.send(cmd, until).await?.map_err(sent_err)
     }
 
     /// [`query`](Self::query) with the server's error as it came.
@@ -400,8 +424,10 @@ impl RedisBackend {
                 Ok(Err(e))
             }
             Err(_) => Err(BackendError::new(
-                BackendErrorKind::Timeout,
-                format!("no reply from Redis within {left:?}"),
+                BackendErrorKind::InDoubt,
+                format!(
+                    "no reply from Redis within {left:?} after the command was sent: it may have run"
+                ),
             )),
         }
     }
@@ -430,7 +456,7 @@ impl RedisBackend {
                 }
                 self.query(&cmd, until).await
             }
-            r => r.map_err(map_err),
+            r => r.map_err(sent_err),
         }
     }
 
@@ -481,7 +507,7 @@ impl RedisBackend {
                 "not a string",
             )),
             Value::Int(-2) => Err(too_late()),
-            _ => Err(protocol("compare-and-set reply")),
+            _ => Err(garbled("compare-and-set reply")),
         }
     }
 }
@@ -563,12 +589,12 @@ impl Backend for RedisBackend {
         let arg_refs: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
         let (reply, arrived) = self.eval(&self.op, key, &arg_refs, until).await?;
         let Value::Array(items) = reply else {
-            return Err(protocol("script reply is not an array"));
+            return Err(garbled("not an array"));
         };
-        let status = int(items.first())?;
-        self.pool
-            .observe(int(items.get(3))?, int(items.get(4))?, arrived);
-        let now = (int(items.get(1))? << 32) | (int(items.get(2))? & 0xffff_ffff);
+        let status = int(items.first()).map_err(|_| garbled("status"))?;
+        let field = |i: usize| int(items.get(i)).map_err(|_| garbled("clock"));
+        self.pool.observe(field(3)?, field(4)?, arrived);
+        let now = (field(1)? << 32) | (field(2)? & 0xffff_ffff);
         match status {
             0 => {
                 self.counters.exact_path.fetch_add(1, Ordering::Relaxed);
@@ -577,8 +603,11 @@ impl Backend for RedisBackend {
             }
             1 => {
                 self.counters.fast_path.fetch_add(1, Ordering::Relaxed);
-                let pre = bytes(items.get(5))?.ok_or_else(|| protocol("missing pre-image"))?;
-                let post = bytes(items.get(6))?;
+                let pre = bytes(items.get(5))
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| garbled("pre-image"))?;
+                let post = bytes(items.get(6)).map_err(|_| garbled("post-image"))?;
                 // The core decides; the script must have written exactly the same bytes (and
                 // only over a record the core reads: it validates what the decoder does).
                 let expected = tx.apply(Some(pre), Some(now));
@@ -615,7 +644,7 @@ impl Backend for RedisBackend {
                 Err(BackendError::new(BackendErrorKind::WrongType, found))
             }
             4 => Err(too_late()),
-            _ => Err(protocol("unknown script status")),
+            _ => Err(garbled("unknown status")),
         }
     }
 

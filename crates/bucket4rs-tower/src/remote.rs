@@ -39,7 +39,7 @@ impl<B: Backend> Remote for ProxyManager<B> {
             .map_err(from_distributed)?;
         Ok(Box::pin(async move {
             let answer = bucket
-                .verbose()
+                .as_verbose()
                 .try_consume_and_return_remaining(cost)
                 .await
                 .map_err(from_distributed)?;

@@ -8,6 +8,7 @@
 //! skipped) and a spawned task runs it as ONE `BatchTx`, then the next batch, until the queue
 //! is empty and the lane is removed, all under the map's shard lock so no item is stranded.
 
+use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
 use std::sync::Arc;
 use std::time::Instant;
@@ -71,6 +72,9 @@ trait Queued: Send + Sync {
     fn is_withdrawn(&self) -> bool;
     /// When the caller stops waiting (it queued, then waits at most the manager's timeout).
     fn deadline(&self) -> Instant;
+    /// The operation was cut into a batch: from now on it may be sent, so a caller that goes
+    /// away no longer withdraws it.
+    fn mark_sent(&self);
     /// Runs the operation on `record` at `now` exactly as a lone transaction would (the
     /// supplier creates the record when `None`; on an error the record is left as it was)
     /// and keeps the outcome. Whether the record must be written.
@@ -88,6 +92,9 @@ struct Pending<J: Job> {
     out: Option<Outcome<J::Output>>,
     reply: oneshot::Sender<Outcome<J::Output>>,
     deadline: Instant,
+    /// Shared with the caller: whether the operation went into a batch (see
+    /// [`Queued::mark_sent`]).
+    sent: Arc<AtomicBool>,
 }
 
 impl<J: Job> Queued for Pending<J> {
@@ -101,6 +108,10 @@ impl<J: Job> Queued for Pending<J> {
 
     fn deadline(&self) -> Instant {
         self.deadline
+    }
+
+    fn mark_sent(&self) {
+        self.sent.store(true, Ordering::Release);
     }
 
     fn apply(&mut self, record: &mut Option<Record>, now: i64, wall: bool) -> bool {
@@ -257,7 +268,11 @@ impl<B: Backend> ProxyManager<B> {
                 } else {
                     Vec::new()
                 };
-                Some(core::mem::replace(queue, rest))
+                let batch = core::mem::replace(queue, rest);
+                for item in &batch {
+                    item.mark_sent();
+                }
+                Some(batch)
             }
         }
     }
@@ -318,12 +333,32 @@ pub(super) fn not_run() -> DistributedError {
     ))
 }
 
-/// A queued call whose batch task was dropped (its runtime shut down) before it answered.
-fn abandoned() -> DistributedError {
+/// A queued call whose batch task was dropped (its runtime shut down) before it answered:
+/// in doubt when its batch had been formed (it may have been sent), else not applied.
+fn abandoned(sent: bool) -> DistributedError {
+    DistributedError::Backend(if sent {
+        BackendError::new(
+            BackendErrorKind::InDoubt,
+            "the task running this call's batch was dropped (runtime shut down) with the batch \
+             possibly in flight: it may have been applied",
+        )
+    } else {
+        BackendError::new(
+            BackendErrorKind::Unavailable,
+            "the task running this call's batch was dropped (runtime shut down) before the \
+             call was sent: it was not applied",
+        )
+    })
+}
+
+/// A queued call that timed out after its batch was formed: its batch may be in flight.
+fn timed_out_in_flight(after: Duration) -> DistributedError {
     DistributedError::Backend(BackendError::new(
-        BackendErrorKind::Other,
-        "the task running this call's batch was dropped (runtime shut down); \
-         the operation may or may not have been applied",
+        BackendErrorKind::InDoubt,
+        format!(
+            "no reply within the timeout ({after:?}) with the call's batch possibly in flight: \
+             it may have been applied"
+        ),
     ))
 }
 
@@ -340,6 +375,7 @@ where
     J::Output: 'static,
 {
     let inner = &bucket.manager.inner;
+    let sent = Arc::new(AtomicBool::new(false));
     let (job, reply) = match inner.lanes.entry(bucket.key.clone()) {
         Entry::Vacant(v) => {
             v.insert(Lane::default());
@@ -355,6 +391,7 @@ where
                 reply: tx,
                 // Taken before the caller's timer starts below, so never later than it.
                 deadline: Instant::now() + inner.timeout,
+                sent: Arc::clone(&sent),
             }));
             (None, Some(rx))
         }
@@ -373,8 +410,15 @@ where
     };
     // Dropping `rx` (timeout or cancellation) before the batch is formed withdraws the
     // operation: the batch task skips closed channels.
-    with_timeout(inner.timeout, async move {
-        rx.await.unwrap_or_else(|_| Err(abandoned()))
+    let waited = with_timeout(inner.timeout, async {
+        rx.await
+            .unwrap_or_else(|_| Err(abandoned(sent.load(Ordering::Acquire))))
     })
-    .await
+    .await;
+    match waited {
+        Err(DistributedError::Timeout { after }) if sent.load(Ordering::Acquire) => {
+            Err(timed_out_in_flight(after))
+        }
+        other => other,
+    }
 }

@@ -24,8 +24,9 @@ use crate::key::StorageKey;
 /// down, and how it finds out that the backend is back.
 ///
 /// After `failures` consecutive calls that found the backend unavailable (a timeout, or a
-/// [`BackendErrorKind::Unavailable`] / [`BackendErrorKind::Timeout`] error; never invalid
-/// input, unreadable records or lost compare-and-set races), the breaker opens: every call
+/// [`BackendErrorKind::Unavailable`], [`BackendErrorKind::Timeout`] or
+/// [`BackendErrorKind::InDoubt`] error; never invalid input, unreadable records or lost
+/// compare-and-set races), the breaker opens: every call
 /// then fails at once with a [`BackendErrorKind::Unavailable`] error
 /// ([`DistributedError::is_unavailable`], so a failure policy, such as the HTTP layer's,
 /// decides as for any outage) without reaching the backend. Meanwhile a background task
@@ -272,7 +273,7 @@ pub(super) fn means_down(e: &DistributedError) -> bool {
         DistributedError::Timeout { .. } => true,
         DistributedError::Backend(b) => matches!(
             b.kind(),
-            BackendErrorKind::Unavailable | BackendErrorKind::Timeout
+            BackendErrorKind::Unavailable | BackendErrorKind::Timeout | BackendErrorKind::InDoubt
         ),
         _ => false,
     }

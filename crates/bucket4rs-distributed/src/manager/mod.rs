@@ -495,6 +495,7 @@ impl<B: Backend> ProxyManager<B> {
     pub fn builder(&self) -> RemoteBucketBuilder<B> {
         RemoteBucketBuilder {
             manager: self.clone(),
+            listener: None,
         }
     }
 
@@ -541,7 +542,7 @@ impl<B: Backend> ProxyManager<B> {
     pub async fn remove(&self, key: impl AsRef<[u8]>) -> Result<bool, DistributedError> {
         let key = self.storage_key(key)?;
         let inner = &self.inner;
-        self.call(&key, || inner.backend.remove(&key)).await
+        self.call(&key, true, || inner.backend.remove(&key)).await
     }
 
     async fn read_record(
@@ -549,7 +550,7 @@ impl<B: Backend> ProxyManager<B> {
         key: &StorageKey,
     ) -> Result<Option<format::Record>, DistributedError> {
         let inner = &self.inner;
-        let bytes = self.call(key, || inner.backend.read(key)).await?;
+        let bytes = self.call(key, false, || inner.backend.read(key)).await?;
         match bytes {
             None => Ok(None),
             Some(b) => Ok(Some(format::decode(&b)?)),
@@ -579,7 +580,7 @@ impl<B: Backend> ProxyManager<B> {
         };
         // Boxed (one allocation next to a network round trip): the timer and the retry
         // sleep would otherwise be part of every call's future, in-process ones too.
-        let outcome = Box::pin(with_timeout(inner.timeout, async {
+        let outcome = Box::pin(writing_within(inner.timeout, async {
             let mut attempt = 0;
             loop {
                 match inner.backend.transact(key, &mut tx).await {
@@ -599,8 +600,14 @@ impl<B: Backend> ProxyManager<B> {
 
     /// One backend call on `key`: refused at once while the circuit breaker is open, else
     /// bounded by the timeout and retried when retryable, except on an in-process backend
-    /// (which never waits and whose errors are final).
-    async fn call<T, F, Fut>(&self, key: &StorageKey, f: F) -> Result<T, DistributedError>
+    /// (which never waits and whose errors are final). A call that `writes` and times out is
+    /// in doubt; a read that times out changed nothing.
+    async fn call<T, F, Fut>(
+        &self,
+        key: &StorageKey,
+        writes: bool,
+        f: F,
+    ) -> Result<T, DistributedError>
     where
         F: FnMut() -> Fut,
         Fut: core::future::Future<Output = Result<T, BackendError>>,
@@ -613,7 +620,12 @@ impl<B: Backend> ProxyManager<B> {
         if let Some(b) = inner.breaker.as_ref().filter(|b| b.is_open()) {
             breaker::while_open(inner, b, key).await?;
         }
-        let outcome = with_timeout(inner.timeout, async { retrying(&inner.retry, f).await }).await;
+        let calling = async { retrying(&inner.retry, f).await };
+        let outcome = if writes {
+            writing_within(inner.timeout, calling).await
+        } else {
+            with_timeout(inner.timeout, calling).await
+        };
         breaker::record(inner, key, &outcome);
         outcome
     }
@@ -680,6 +692,27 @@ where
             }
             Err(e) => return Err(backend_error(e)),
         }
+    }
+}
+
+/// A call that may write, bounded by `timeout`: when the time runs out with the call
+/// outstanding, its request may be in flight, so the error is in doubt
+/// ([`BackendErrorKind::InDoubt`]). The crate's remote backends honour the caller's deadline
+/// themselves (and say precisely whether they had sent anything); this is the bound for a
+/// backend that does not.
+pub(super) async fn writing_within<T>(
+    timeout: Duration,
+    fut: impl core::future::Future<Output = Result<T, DistributedError>>,
+) -> Result<T, DistributedError> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(DistributedError::Backend(BackendError::new(
+            BackendErrorKind::InDoubt,
+            format!(
+                "no reply within the timeout ({timeout:?}) with the request possibly in flight: \
+                 it may have been applied"
+            ),
+        ))),
     }
 }
 

@@ -570,7 +570,7 @@ impl PostgresBackend {
                 }
                 (Err(e), Ok(())) => {
                     conn.set_open(false);
-                    return Err(map_pg(e));
+                    return Err(map_write(e));
                 }
                 // The key was absent when read (nothing to lock) and another client created
                 // it since: nothing was written; lock the row it created.
@@ -581,8 +581,8 @@ impl PostgresBackend {
                 (written, Err(e)) => {
                     self.rollback(&conn).await;
                     let first = match written {
-                        Err(w) => map_pg(w),
-                        _ => map_pg(e),
+                        Err(w) => map_write(w),
+                        _ => map_write(e),
                     };
                     return Err(first);
                 }
@@ -743,7 +743,10 @@ impl Backend for PostgresBackend {
                     }
                 }
             }
-            .map_err(map_pg)?;
+            .map_err(|e| match record {
+                Some(_) => map_write(e),
+                None => map_pg(e),
+            })?;
             self.observe_rtt(sent);
             let r = reply(&row)?;
             self.observe_clock(r.clock_us);
@@ -825,7 +828,7 @@ impl Backend for PostgresBackend {
         let rows = client
             .query(&stmt, &[&key.as_str()])
             .await
-            .map_err(map_pg)?;
+            .map_err(map_write)?;
         let mut live = false;
         for row in rows {
             live |= row.try_get::<_, bool>(0).unwrap_or(false);

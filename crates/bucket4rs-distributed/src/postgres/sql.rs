@@ -283,6 +283,30 @@ pub(super) fn map_pg(e: tokio_postgres::Error) -> BackendError {
         .with_source(e)
 }
 
+/// An error of a statement that writes (or commits a write): one the statement itself failed
+/// with rolled its transaction back ([`map_pg`]); a lost connection or a server shutting down
+/// ends the session without saying whether the commit happened, so the write is in doubt.
+pub(super) fn map_write(e: tokio_postgres::Error) -> BackendError {
+    let lost = match e.code() {
+        None => true,
+        Some(c) => {
+            *c == SqlState::ADMIN_SHUTDOWN
+                || *c == SqlState::CRASH_SHUTDOWN
+                || c.code().starts_with("08")
+        }
+    };
+    if !lost {
+        return map_pg(e);
+    }
+    BackendError::new(
+        BackendErrorKind::InDoubt,
+        format!(
+            "the connection to PostgreSQL ended with a write in flight ({e}): it may have committed"
+        ),
+    )
+    .with_source(e)
+}
+
 pub(super) fn map_pool(e: PoolError) -> BackendError {
     match e {
         // Nothing was sent: safe to retry.

@@ -20,6 +20,11 @@ fn e(e: DistributedError) -> String {
     e.to_string()
 }
 
+/// A wait in nanoseconds, as the traces and the core give it.
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).expect("waits fit in u64")
+}
+
 impl<B: Backend> Engine for Remote<'_, B> {
     fn execute(&mut self, op: &Op) -> Result<Value, String> {
         let b = &self.bucket;
@@ -54,7 +59,7 @@ impl<B: Backend> Engine for Remote<'_, B> {
                 }
                 Op::AvailableTokens => Value::from(b.available_tokens().await.map_err(e)?),
                 Op::ConsumeIgnoringRateLimits(n) => {
-                    Value::from(b.consume_ignoring_rate_limits(*n).await.map_err(e)?)
+                    Value::from(nanos(b.consume_ignoring_rate_limits(*n).await.map_err(e)?))
                 }
                 Op::ReplaceConfiguration(c, s) => {
                     b.replace_configuration(c.clone(), *s).await.map_err(e)?;
@@ -64,14 +69,18 @@ impl<B: Backend> Engine for Remote<'_, B> {
                     tokens,
                     max_wait_nanos,
                 } => {
-                    let parked = b.reserve(*tokens, *max_wait_nanos).await.map_err(e)?;
+                    let parked = b
+                        .reserve(*tokens, Duration::from_nanos(*max_wait_nanos))
+                        .await
+                        .map_err(e)?
+                        .map(nanos);
                     if let Some(w) = parked {
                         self.clock.advance_nanos(w as i64);
                     }
                     outcome::blocking_try(parked)
                 }
                 Op::BlockingConsume(n) => {
-                    let w = b.consume_ignoring_rate_limits(*n).await.map_err(e)?;
+                    let w = nanos(b.consume_ignoring_rate_limits(*n).await.map_err(e)?);
                     self.clock.advance_nanos(w as i64);
                     outcome::blocking(w)
                 }
@@ -368,8 +377,12 @@ pub(crate) async fn remote_result<B: bucket4rs_distributed::Backend>(
         RandomOp::Force(n) => show(b.force_add_tokens(n).await),
         RandomOp::Reset => show(b.reset().await),
         RandomOp::Available => show(b.available_tokens().await),
-        RandomOp::Ignoring(n) => show(b.consume_ignoring_rate_limits(n).await),
-        RandomOp::Reserve(n, w) => show(b.reserve(n, w).await),
+        RandomOp::Ignoring(n) => show(b.consume_ignoring_rate_limits(n).await.map(nanos)),
+        RandomOp::Reserve(n, w) => show(
+            b.reserve(n, Duration::from_nanos(w))
+                .await
+                .map(|r| r.map(nanos)),
+        ),
     }
 }
 
@@ -508,4 +521,154 @@ pub(crate) async fn drain_after_restart<B, F, Fut>(
         "{granted} granted, {taken_by_failures} taken by failed calls"
     );
     assert_eq!(stored_now().await, 0);
+}
+
+/// What a listener heard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    Consumed(u64),
+    Rejected(u64),
+    Delayed(u64),
+    BeforeParking(u64),
+    Parked(u64),
+    Interrupted,
+}
+
+/// A listener that records every event, in order.
+#[derive(Debug, Default)]
+pub(crate) struct Recorder(std::sync::Mutex<Vec<Event>>);
+
+impl Recorder {
+    fn push(&self, e: Event) {
+        self.0.lock().unwrap().push(e);
+    }
+
+    pub(crate) fn events(&self) -> Vec<Event> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// How many events `pick` selects, and the sum of the numbers it picks out of them.
+    pub(crate) fn tally(&self, pick: impl Fn(&Event) -> Option<u64>) -> (usize, u64) {
+        let picked: Vec<u64> = self.events().iter().filter_map(pick).collect();
+        (picked.len(), picked.iter().sum())
+    }
+}
+
+impl bucket4rs_core::BucketListener for Recorder {
+    fn on_consumed(&self, tokens: u64) {
+        self.push(Event::Consumed(tokens));
+    }
+    fn on_rejected(&self, tokens: u64) {
+        self.push(Event::Rejected(tokens));
+    }
+    fn on_delayed(&self, nanos: u64) {
+        self.push(Event::Delayed(nanos));
+    }
+    fn on_before_parking(&self, nanos: u64) {
+        self.push(Event::BeforeParking(nanos));
+    }
+    fn on_parked(&self, nanos: u64) {
+        self.push(Event::Parked(nanos));
+    }
+    fn on_interrupted(&self) {
+        self.push(Event::Interrupted);
+    }
+}
+
+/// Waiting calls dropped before their wait ends give back exactly what they reserved, on
+/// `backend` (a manager of its own on a client clock that never moves, so nothing refills):
+/// 20 tokens, 15 consumed, then six waiting calls of 2 (`consume` and `try_consume_within`
+/// in turn), each dropped after 100 ms. The first two are served at once; the four others
+/// reserve (into debt) and wait, are dropped mid-wait, and must give their 2 tokens back:
+/// 1 token left. A future dropped before its first poll takes nothing. The listener hears
+/// the local async view's events. Returns how long the refunds took to land.
+pub(crate) async fn dropped_waits_give_back_what_they_reserved<B: Backend>(
+    backend: B,
+    prefix: &str,
+) -> Duration {
+    let manager = ProxyManager::configure(backend)
+        .key_prefix(prefix)
+        .time_source(TimeSource::client(ManualClock::new(1_000_000_000)))
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let heard = std::sync::Arc::new(Recorder::default());
+    // 1 token per 1,000 s: a wait for 1 token is 1,000 s.
+    let b = manager
+        .builder()
+        .with_listener(std::sync::Arc::clone(&heard))
+        .build("dropped-waits", || simple(20, Duration::from_secs(20_000)))
+        .unwrap();
+    let never_polled = b.consume(3);
+    drop(never_polled);
+    assert_eq!(
+        b.available_tokens().await.unwrap(),
+        20,
+        "an unpolled future took nothing"
+    );
+    assert_eq!(b.consume(15).await.unwrap(), Duration::ZERO);
+    let mut served = 0;
+    let mut dropped = 0;
+    for i in 0..6 {
+        let limit = Duration::from_millis(100);
+        let outcome = if i % 2 == 0 {
+            tokio::time::timeout(limit, b.consume(2))
+                .await
+                .map(|r| r.map(|w| w.is_zero()))
+        } else {
+            tokio::time::timeout(limit, b.try_consume_within(2, Duration::from_secs(86_400))).await
+        };
+        match outcome {
+            Ok(r) => {
+                assert!(r.unwrap(), "call {i}: served at once");
+                served += 1;
+            }
+            Err(_) => dropped += 1,
+        }
+    }
+    assert_eq!((served, dropped), (2, 4));
+    // Refused at once: takes nothing, waits for nothing.
+    assert!(
+        !b.try_consume_within(2, Duration::from_millis(1))
+            .await
+            .unwrap()
+    );
+    // The refunds are tasks of their own: wait until they landed, then make sure nothing more
+    // comes back.
+    let started = std::time::Instant::now();
+    loop {
+        let left = b.available_tokens().await.unwrap();
+        if left == 1 {
+            break;
+        }
+        assert!(left < 1, "more given back than was reserved: {left}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the refunds did not land: {left} tokens, 1 expected"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(b.available_tokens().await.unwrap(), 1, "given back once");
+    let consumed = heard.tally(|e| match e {
+        Event::Consumed(n) => Some(*n),
+        _ => None,
+    });
+    let rejected = heard.tally(|e| match e {
+        Event::Rejected(n) => Some(*n),
+        _ => None,
+    });
+    let delayed = heard.tally(|e| match e {
+        Event::Delayed(n) => Some(*n),
+        _ => None,
+    });
+    let interrupted = heard.tally(|e| (*e == Event::Interrupted).then_some(0));
+    assert_eq!(consumed, (7, 15 + 6 * 2), "{:?}", heard.events());
+    assert_eq!(rejected, (1, 2), "{:?}", heard.events());
+    // One wait per reservation into debt (how long depends on whether the refund of the
+    // one before landed first).
+    assert_eq!(delayed.0, 4, "{:?}", heard.events());
+    assert_eq!(interrupted.0, 4, "{:?}", heard.events());
+    took
 }

@@ -90,7 +90,7 @@ fn a_busy_key_is_never_forgotten_and_an_idle_one_exactly_when_full() {
     // Idle: full again after (10 - tokens) seconds less what the remainder already holds;
     // found by the bucket's own wait, then checked on both sides of it.
     let full_in = rt
-        .block_on(bucket.verbose().available_tokens())
+        .block_on(bucket.as_verbose().available_tokens())
         .unwrap()
         .time_until_full();
     assert!(tokens < 10 && !full_in.is_zero());
@@ -252,7 +252,7 @@ fn aligned_refill_needs_a_wall_clock_and_verbose_returns_the_snapshot() {
     let bucket = m.builder().build("verbose", move || c.clone()).unwrap();
     rt.block_on(async {
         let v = bucket
-            .verbose()
+            .as_verbose()
             .try_consume_and_return_remaining(4)
             .await
             .unwrap();
@@ -265,30 +265,54 @@ fn aligned_refill_needs_a_wall_clock_and_verbose_returns_the_snapshot() {
 }
 
 #[test]
-fn blocking_form_works_off_runtime_and_refuses_inside_one() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+fn blocking_form_works_off_runtime_and_refuses_threads_that_run_tasks() {
     let m = ProxyManager::new(EmbeddedBackend::new());
     // Slow refill: the refusal below must not depend on how fast the calls run.
-    let config = simple(2, Duration::from_secs(1_000));
+    let config = simple(3, Duration::from_secs(1_000));
     let bucket = m
         .builder()
         .build("blocking", move || config.clone())
         .unwrap()
-        .blocking(rt.handle().clone());
+        .as_blocking();
+    // A plain thread, no runtime anywhere.
     assert!(bucket.block_on(|b| b.try_consume(2)).unwrap());
-    assert!(!bucket.block_on(|b| b.try_consume(1)).unwrap());
-    let inside = rt.block_on(async { bucket.block_on(|b| b.try_consume(1)) });
-    assert!(matches!(inside, Err(DistributedError::Blocking(_))));
+    assert!(!bucket.block_on(|b| b.try_consume(2)).unwrap());
+    // Inside a current-thread runtime's `block_on`, and on a multi-thread worker: refused.
     let current = common::runtime();
-    let on_current = bucket.as_async().blocking(current.handle().clone());
-    assert!(matches!(
-        on_current.block_on(|b| b.available_tokens()),
-        Err(DistributedError::Blocking(_))
-    ));
+    let inside = current.block_on(async { bucket.block_on(|b| b.try_consume(1)) });
+    assert!(
+        matches!(inside, Err(DistributedError::Blocking(_))),
+        "{inside:?}"
+    );
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let shared = std::sync::Arc::new(bucket);
+    let on_worker = {
+        let b = std::sync::Arc::clone(&shared);
+        multi.block_on(async move {
+            tokio::spawn(async move { b.block_on(|b| b.available_tokens()) })
+                .await
+                .unwrap()
+        })
+    };
+    assert!(
+        matches!(on_worker, Err(DistributedError::Blocking(_))),
+        "{on_worker:?}"
+    );
+    // A blocking thread of the runtime may block: allowed.
+    let on_blocking_thread = {
+        let b = std::sync::Arc::clone(&shared);
+        multi.block_on(async move {
+            tokio::task::spawn_blocking(move || b.try_consume(1, Duration::from_millis(1)))
+                .await
+                .unwrap()
+        })
+    };
+    assert_eq!(on_blocking_thread, Ok(true));
+    assert_eq!(shared.block_on(|b| b.available_tokens()), Ok(0));
 }
 
 #[test]
@@ -308,7 +332,7 @@ fn zero_arguments_are_rejected_before_touching_the_backend() {
             Err(DistributedError::Operation(ZeroLimit))
         );
         assert_eq!(
-            bucket.reserve(1, 0).await,
+            bucket.reserve(1, Duration::ZERO).await,
             Err(DistributedError::Operation(ZeroMaxWait))
         );
         assert!(m.backend().is_empty());

@@ -10,8 +10,10 @@ mod breaker_redis;
 mod common;
 mod custom_backend;
 mod embedded;
+mod errors;
 mod golden;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "redis")]
 mod redis_faults;
+mod waits;

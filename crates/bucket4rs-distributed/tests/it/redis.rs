@@ -13,9 +13,9 @@ use rand::Rng;
 use redis::AsyncCommands;
 
 use crate::common::{
-    RandomOp, build, concurrent_and_core, core_result, drain_after_restart, epoch_ms,
-    hammer_hot_key, patient, random_config, random_op, remote_result, reported, run_children,
-    runtime, simple, unique_prefix,
+    RandomOp, build, concurrent_and_core, core_result, drain_after_restart,
+    dropped_waits_give_back_what_they_reserved, epoch_ms, hammer_hot_key, patient, random_config,
+    random_op, remote_result, reported, run_children, runtime, simple, unique_prefix,
 };
 use crate::redis_faults::OwnRedis;
 
@@ -62,6 +62,20 @@ fn every_trace_replays_through_redis_with_a_manual_client_clock() {
     // asserted (`lua_fast_path_is_byte_identical_to_the_core_on_random_states` checks both
     // paths on data of its own).
     println!("redis conformance stats: {:?}", backend.stats());
+}
+
+/// Waiting calls dropped mid-wait give their reservation back on Redis too (the refund is an
+/// `add_tokens` round trip of its own; the reservations go through batching).
+#[test]
+fn redis_dropped_waits_give_back_what_they_reserved() {
+    runtime().block_on(async {
+        let took = dropped_waits_give_back_what_they_reserved(
+            backend().await,
+            &unique_prefix("dropped-waits"),
+        )
+        .await;
+        println!("redis: dropped waits' refunds landed within {took:?}");
+    });
 }
 
 /// A random configuration's bucket whose Redis record is a random valid state (reached through

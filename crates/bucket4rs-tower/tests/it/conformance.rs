@@ -251,7 +251,7 @@ impl<'r> LayerEngine<'r> {
                 })
             }
             Target::Remote { bucket, .. } => self.rt.block_on(async {
-                let v = bucket.verbose().available_tokens().await.map_err(text)?;
+                let v = bucket.as_verbose().available_tokens().await.map_err(text)?;
                 Ok(Exact {
                     available: *v.value(),
                     until_full: nanos(v.time_until_full()),
@@ -506,9 +506,9 @@ impl<'r> LayerEngine<'r> {
                         Op::AvailableTokens => {
                             Value::from(b.available_tokens().await.map_err(text)?)
                         }
-                        Op::ConsumeIgnoringRateLimits(n) => {
-                            Value::from(b.consume_ignoring_rate_limits(*n).await.map_err(text)?)
-                        }
+                        Op::ConsumeIgnoringRateLimits(n) => Value::from(nanos(
+                            b.consume_ignoring_rate_limits(*n).await.map_err(text)?,
+                        )),
                         Op::ReplaceConfiguration(c, s) => {
                             b.replace_configuration(c.clone(), *s).await.map_err(text)?;
                             current.set(c.clone());
@@ -519,14 +519,18 @@ impl<'r> LayerEngine<'r> {
                             tokens,
                             max_wait_nanos,
                         } => {
-                            let parked = b.reserve(*tokens, *max_wait_nanos).await.map_err(text)?;
+                            let parked = b
+                                .reserve(*tokens, std::time::Duration::from_nanos(*max_wait_nanos))
+                                .await
+                                .map_err(text)?
+                                .map(nanos);
                             if let Some(w) = parked {
                                 clock.advance_nanos(w as i64);
                             }
                             outcome::blocking_try(parked)
                         }
                         Op::BlockingConsume(n) => {
-                            let w = b.consume_ignoring_rate_limits(*n).await.map_err(text)?;
+                            let w = nanos(b.consume_ignoring_rate_limits(*n).await.map_err(text)?);
                             clock.advance_nanos(w as i64);
                             outcome::blocking(w)
                         }

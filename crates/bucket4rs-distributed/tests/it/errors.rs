@@ -1,0 +1,197 @@
+//! Every failure says what became of the call: not applied (and whether trying again may
+//! help), or in doubt. Over a backend that fails on demand, with the stored record checked
+//! after each failure.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bucket4rs_core::{ManualClock, OperationError};
+use bucket4rs_distributed::{
+    Backend, BackendError, BackendErrorKind, CircuitBreaker, DistributedError, ProxyManager,
+    RetryPolicy, StorageKey, TimeSource, Transaction, Write,
+};
+
+use crate::common::{runtime, simple};
+use crate::custom_backend::MapBackend;
+
+/// How [`Failing`] answers a transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Fail {
+    No = 0,
+    /// The connection was refused: nothing sent (retryable).
+    Refused = 1,
+    /// The server refused the command past the caller's deadline.
+    Late = 2,
+    /// Applied, then the reply was lost.
+    LostReply = 3,
+    /// Applied, then no reply ever (a frozen server): the manager's timeout ends the call.
+    Hang = 4,
+}
+
+#[derive(Debug, Default)]
+struct Failing {
+    map: MapBackend,
+    fail: AtomicU8,
+}
+
+impl Failing {
+    fn set(&self, f: Fail) {
+        self.fail.store(f as u8, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl Backend for Failing {
+    async fn transact(
+        &self,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+    ) -> Result<(), BackendError> {
+        let err = |kind, what: &str| Err(BackendError::new(kind, what));
+        match self.fail.load(Ordering::SeqCst) {
+            1 => Err(BackendError::new(BackendErrorKind::Unavailable, "refused").retryable(true)),
+            2 => err(BackendErrorKind::Timeout, "past the deadline"),
+            3 => {
+                self.map.transact(key, tx).await?;
+                err(BackendErrorKind::InDoubt, "reset after sending")
+            }
+            4 => {
+                self.map.transact(key, tx).await?;
+                tokio::time::sleep(Duration::from_secs(3_600)).await;
+                Ok(())
+            }
+            _ => self.map.transact(key, tx).await,
+        }
+    }
+    async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+        self.map.read(key).await
+    }
+    async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
+        self.map.remove(key).await
+    }
+}
+
+/// What a failed call says about itself.
+fn says(e: &DistributedError) -> (bool, bool) {
+    (e.is_in_doubt(), e.is_retryable())
+}
+
+#[test]
+fn every_failure_says_whether_it_was_applied() {
+    let rt = runtime();
+    let backend = Arc::new(Failing::default());
+    let manager = ProxyManager::configure(Arc::clone(&backend))
+        .time_source(TimeSource::client(ManualClock::new(0)))
+        .timeout(Duration::from_millis(150))
+        .retry(RetryPolicy::new(
+            3,
+            Duration::from_millis(1),
+            Duration::from_millis(2),
+        ))
+        .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(3_600)))
+        .max_batch(2)
+        .build()
+        .unwrap();
+    let b = manager
+        .builder()
+        .build("k", || simple(100, Duration::from_secs(1_000_000)))
+        .unwrap();
+    rt.block_on(async {
+        assert!(b.try_consume(1).await.unwrap());
+        let tokens = || async { b.available_tokens().await.unwrap() };
+
+        // Rejected as invalid: never sent.
+        let e = b.try_consume(0).await.unwrap_err();
+        assert_eq!(e, DistributedError::Operation(OperationError::ZeroTokens));
+        assert_eq!(says(&e), (false, false));
+
+        // Never sent (connection refused, retried by the manager until it gave up).
+        backend.set(Fail::Refused);
+        let e = b.try_consume(1).await.unwrap_err();
+        assert!(
+            matches!(&e, DistributedError::Backend(b) if b.kind() == BackendErrorKind::Unavailable)
+        );
+        assert_eq!(says(&e), (false, true), "{e}");
+        // Refused by the server's deadline.
+        backend.set(Fail::Late);
+        let e = b.try_consume(1).await.unwrap_err();
+        assert!(
+            matches!(&e, DistributedError::Backend(b) if b.kind() == BackendErrorKind::Timeout)
+        );
+        assert_eq!(says(&e), (false, true), "{e}");
+        backend.set(Fail::No);
+        assert_eq!(tokens().await, 99, "neither was applied");
+
+        // Sent, applied, the reply lost: in doubt, and indeed applied.
+        backend.set(Fail::LostReply);
+        let e = b.try_consume(1).await.unwrap_err();
+        assert!(
+            matches!(&e, DistributedError::Backend(b) if b.kind() == BackendErrorKind::InDoubt)
+        );
+        assert_eq!(says(&e), (true, false), "{e}");
+        backend.set(Fail::No);
+        assert_eq!(tokens().await, 98);
+
+        // Sent, then no reply: the manager's timeout with the call in flight is in doubt;
+        // of the calls queued behind it, those whose batch was formed are in doubt, and one
+        // still queued when its time ran out (max_batch 2) was not sent.
+        backend.set(Fail::Hang);
+        let calls: Vec<_> = (0..4)
+            .map(|_| {
+                let b = b.clone();
+                tokio::spawn(async move { b.try_consume(1).await })
+            })
+            .collect();
+        let mut outcomes = Vec::new();
+        for c in calls {
+            let e = c.await.unwrap().unwrap_err();
+            outcomes.push(says(&e));
+        }
+        assert_eq!(
+            outcomes,
+            [(true, false), (true, false), (true, false), (false, true)],
+            "the lone call, its batch of two, the call left queued"
+        );
+
+        // The breaker counted two failures (the lone call's and its batch's transaction;
+        // the call left queued was withdrawn, never sent). One more opens it: then calls are
+        // refused at once, not applied.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(says(&b.try_consume(1).await.unwrap_err()), (true, false));
+        let e = b.try_consume(1).await.unwrap_err();
+        assert!(
+            matches!(&e, DistributedError::Backend(b) if b.kind() == BackendErrorKind::Unavailable),
+            "{e:?}"
+        );
+        assert_eq!(says(&e), (false, true), "{e}");
+    });
+}
+
+/// The taxonomy as a table: which kinds say "in doubt" and which "try again".
+#[test]
+fn kinds_say_in_doubt_or_not_applied() {
+    use BackendErrorKind::*;
+    for (kind, in_doubt, retryable) in [
+        (Unavailable, false, true),
+        (Timeout, false, true),
+        (InDoubt, true, false),
+        (Protocol, false, false),
+        (Conflict, false, true),
+        (WrongType, false, false),
+        (CapacityExhausted, false, false),
+        (Inconsistent, true, false),
+        (Other, false, false),
+    ] {
+        let e = DistributedError::Backend(BackendError::new(kind, "x"));
+        assert_eq!(says(&e), (in_doubt, retryable), "{kind:?}");
+        assert!(e.is_unavailable(), "{kind:?}");
+    }
+    let timeout = DistributedError::Timeout {
+        after: Duration::from_secs(1),
+    };
+    assert_eq!(says(&timeout), (false, true));
+    let _ = Write::Keep;
+}
