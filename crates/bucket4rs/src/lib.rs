@@ -152,6 +152,20 @@
 //! | `SimpleBucketListener` | [`listeners::SimpleBucketListener`] (feature `listeners`) | also `MetricsListener`, `TracingListener` |
 //! | `bucket.toListenable(listener)` | [`Bucket::to_listenable`] | *replaces* the listener, as in Bucket4j |
 //! | several listeners | [`Bucket::and_listener`] (adds one), or a tuple `(a, b)` given to `with_listener` | |
+//!
+//! ## Distributed buckets (`ProxyManager`, feature `distributed`)
+//!
+//! | Bucket4j | bucket4rs | notes |
+//! |---|---|---|
+//! | `proxyManager.builder().build(key, configurationSupplier)` | [`distributed::ProxyManager::builder`], then [`distributed::RemoteBucketBuilder::build`] | no round trip; the supplier is called only when the key has no stored state |
+//! | `RemoteBucketBuilder.withListener(listener)` | [`distributed::RemoteBucketBuilder::with_listener`] | the local bucket's events, once the backend has committed the call; a failed call notifies nothing |
+//! | `BucketProxy` operations (`tryConsume`, `reserve`, …) | [`distributed::RemoteBucket`] | the local bucket's operations as `async fn`s, with its arguments and answers (counts, `Duration`s) |
+//! | `bucketProxy.asVerbose()` | [`distributed::RemoteBucket::as_verbose`] | the same bucket answering `VerboseResult`s, as locally |
+//! | `bucketProxy.asBlocking()` | [`distributed::RemoteBucket::as_blocking`] → [`distributed::BlockingRemoteBucket`] | no runtime needed (one background thread drives the calls); refused on a thread that runs async tasks |
+//! | `bucketProxy.asScheduler()` (`consume`, `tryConsume(n, maxWait)`) | [`distributed::RemoteBucket::consume`], [`distributed::RemoteBucket::try_consume_within`] | cancellation safe like the local async view: a wait dropped mid-way gives its tokens back |
+//! | `proxyManager.getProxyConfiguration(key)` | [`distributed::RemoteBucket::configuration`] |  |
+//! | `proxyManager.removeProxy(key)` | [`distributed::ProxyManager::remove`] |  |
+//! | a remote call failed with an exception (`TimeoutException`, a lost connection) | [`distributed::DistributedError`] with [`distributed::DistributedError::is_in_doubt`] and [`distributed::DistributedError::is_retryable`] | says whether the call was applied: not applied, or in doubt (sent, no reply) |
 #![forbid(unsafe_code)]
 #![cfg_attr(bucket4rs_docsrs, feature(doc_cfg))]
 
