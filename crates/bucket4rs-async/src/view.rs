@@ -143,7 +143,7 @@ impl<S: Storage, C: Clock, L: BucketListener, Z: Sleeper, A: Answer>
 {
     /// The bucket answering as this view does.
     fn answering(&self) -> Bucket<&S, &C, &L, A> {
-        bucket4rs_local::__private::answering(self.bucket)
+        self.bucket.answering()
     }
 
     /// Consumes `tokens`, waiting (asynchronously) as long as needed; `tokens` may exceed the

@@ -124,7 +124,7 @@ fn nanos(d: Duration) -> u64 {
 impl<S: Storage, C: Clock, L: BucketListener, A: Answer> BlockingBucket<'_, Bucket<S, C, L>, A> {
     /// The bucket answering as this view does.
     fn answering(&self) -> Bucket<&S, &C, &L, A> {
-        bucket4rs_local::__private::answering(self.bucket)
+        self.bucket.answering()
     }
 
     /// Consumes `tokens`, parking the thread (never spinning) for as long as needed. `tokens`

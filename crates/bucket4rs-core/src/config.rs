@@ -187,7 +187,6 @@ impl Bandwidth {
     /// assert_eq!(Bandwidth::simple(4, Duration::from_secs(1))?.explicit_initial_tokens(), None);
     /// # Ok::<(), bucket4rs_core::ConfigError>(())
     /// ```
-    #[doc(hidden)]
     pub fn explicit_initial_tokens(&self) -> Option<u64> {
         self.initial_tokens.map(|t| t as u64)
     }
@@ -545,15 +544,7 @@ impl BucketConfiguration {
     }
 
     /// Whether any bandwidth uses aligned interval refill (which needs a wall clock).
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use core::time::Duration;
-    /// let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(3, Duration::from_secs(1))?).build()?;
-    /// assert!(!c.needs_wall_clock());
-    /// # Ok::<(), bucket4rs_core::ConfigError>(())
-    /// ```
-    #[doc(hidden)]
-    pub fn needs_wall_clock(&self) -> bool {
+    pub(crate) fn needs_wall_clock(&self) -> bool {
         self.bandwidths
             .iter()
             .any(|b| matches!(b.kind, RefillKind::IntervallyAligned { .. }))
@@ -575,7 +566,6 @@ impl BucketConfiguration {
     /// assert_eq!(c.check_clock(true), Ok(()));
     /// # Ok::<(), bucket4rs_core::ConfigError>(())
     /// ```
-    #[doc(hidden)]
     pub fn check_clock(&self, wall_clock_based: bool) -> Result<(), ConfigError> {
         if !wall_clock_based && self.needs_wall_clock() {
             return Err(ConfigError::AlignedRefillNeedsWallClock);

@@ -64,14 +64,41 @@ pub use replace::TokensInheritanceStrategy;
 pub use state::{BandwidthState, BucketState, StateError};
 pub use verbose::{Answer, Plain, Verbose, VerboseResult};
 
-/// What the other bucket4rs crates need from the core's fast forms, outside semver: the
-/// compact and scaled one-bandwidth states and the single-bandwidth planning shortcuts that
-/// local storages run before the general engine. Not for use outside bucket4rs.
-#[doc(hidden)]
-pub mod __private {
-    pub use crate::ops::{
-        Mutation, Plan, Refilled, Scaled, Single, Take, plan, plan_one, plan_scaled,
-    };
+pub mod forms {
+    //! The exact one-bandwidth forms of a bucket's state, for storages that keep it in one or
+    //! two machine words and run operations on it directly.
+    //!
+    //! A [`BandwidthState`](crate::BandwidthState) is three integers. For one greedy bandwidth,
+    //! two smaller forms hold the same exact state:
+    //!
+    //! - [`ScaledState`]: the last refill time and the balance in units of `q / period` token
+    //!   (`q` the refill's remainder quantum), so that refill and consumption are additions and
+    //!   comparisons; [`ops::plan_scaled`](crate::ops::plan_scaled) runs an operation on it
+    //!   without dividing. Two words.
+    //! - [`CompactForm`]: one word `u`, the reading at which the bucket is full again (the
+    //!   GCRA's theoretical arrival time, without its rounding), valid on a clock that never
+    //!   goes back; [`CompactForm::plan`] runs `try_consume` on it as the GCRA's step.
+    //!
+    //! Both give exactly the answers of the general engine ([`ops::plan`](crate::ops::plan)),
+    //! and say so when they cannot ([`CompactStop::Decline`], `None`): the caller decodes the
+    //! state and plans generally then. `bucket4rs-local` keeps its lock-free buckets and its
+    //! keyed buckets' entries in these forms.
+    //!
+    //! ```
+    //! use bucket4rs_core::forms::{CompactForm, ScaledState};
+    //! use bucket4rs_core::{Bandwidth, BandwidthState, ops::TryConsume};
+    //! use core::time::Duration;
+    //!
+    //! let b = Bandwidth::simple(10, Duration::from_secs(1))?;
+    //! // A full bucket at reading 0, as one word.
+    //! let form = CompactForm::new(&b, 0).expect("greedy");
+    //! let full = ScaledState::from_state(&b, BandwidthState::from_parts(0, 10, 0)).expect("fits");
+    //! let u = form.encode(full).expect("fits");
+    //! let (taken, u) = form.plan(&TryConsume(4), u, 0)?;
+    //! assert!(taken);
+    //! assert_eq!(form.decode(u, 0).to_state(&b).tokens(), 6);
+    //! # Ok::<(), Box<dyn std::error::Error>>(())
+    //! ```
     pub use crate::state::{CompactForm, CompactStop, ScaledState};
 }
 

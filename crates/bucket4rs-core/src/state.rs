@@ -37,7 +37,6 @@ impl BandwidthState {
     /// # use bucket4rs_core::BandwidthState;
     /// assert_eq!(BandwidthState::from_parts(5, -3, 1).tokens(), -3);
     /// ```
-    #[doc(hidden)]
     pub const fn from_parts(last_refill_nanos: i64, tokens: i64, remainder: i64) -> Self {
         Self {
             last_refill: last_refill_nanos,
@@ -85,22 +84,9 @@ impl BandwidthState {
     /// with one bandwidth keep it in a single 128-bit atomic. `None` when the remainder is not a
     /// multiple of `q` in `0..period` or the result does not fit `i64`; the encoding is
     /// otherwise exact and [`from_scaled_balance`](Self::from_scaled_balance) inverts it.
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BandwidthState};
-    /// # use core::time::Duration;
-    /// // 4 tokens per 100 ns: remainders are multiples of gcd(4, 100) = 4, a token is 25 units.
-    /// let b = Bandwidth::builder().capacity(10).refill_greedy(4, Duration::from_nanos(100)).build()?;
-    /// let s = BandwidthState::from_parts(7, 3, 40);
-    /// assert_eq!(s.scaled_balance(&b), Some(3 * 25 + 10));
-    /// assert_eq!(BandwidthState::from_scaled_balance(&b, 7, 85), s);
-    /// assert_eq!(BandwidthState::from_parts(7, 3, 41).scaled_balance(&b), None);
-    /// assert_eq!(BandwidthState::from_parts(7, i64::MAX, 0).scaled_balance(&b), None);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    #[doc(hidden)]
+    /// (`ScaledState::from_state` is the public form, with examples).
     #[inline]
-    pub fn scaled_balance(&self, b: &Bandwidth) -> Option<i64> {
+    pub(crate) fn scaled_balance(&self, b: &Bandwidth) -> Option<i64> {
         let (q, e) = (b.remainder_quantum, self.remainder);
         if e < 0 || e >= b.refill_period || e % q != 0 {
             return None;
@@ -116,19 +102,8 @@ impl BandwidthState {
     /// The state whose [`scaled_balance`](Self::scaled_balance) for `b` is `scaled`, last
     /// refilled at `last_refill_nanos`. Total: any `scaled` gives a state whose remainder is a
     /// multiple of the quantum in `0..period`.
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BandwidthState};
-    /// # use core::time::Duration;
-    /// // One token per 100 ns: a token is 100 units.
-    /// let b = Bandwidth::builder().capacity(10).refill_greedy(1, Duration::from_nanos(100)).build()?;
-    /// // A debt of 2.5 tokens is -3 tokens plus 50/100.
-    /// assert_eq!(BandwidthState::from_scaled_balance(&b, 0, -250), BandwidthState::from_parts(0, -3, 50));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    #[doc(hidden)]
     #[inline]
-    pub fn from_scaled_balance(b: &Bandwidth, last_refill_nanos: i64, scaled: i64) -> Self {
+    pub(crate) fn from_scaled_balance(b: &Bandwidth, last_refill_nanos: i64, scaled: i64) -> Self {
         let (tokens, units) = if scaled >= 0 {
             let (q, r) = StrengthReducedU64::div_rem(scaled as u64, b.balance_unit);
             // q <= scaled and r < unit: both fit i64.
@@ -148,14 +123,15 @@ impl BandwidthState {
 }
 
 /// One bandwidth's state in the scaled form: the last refill time and the balance in units of
-/// `q / period` token (see [`BandwidthState::scaled_balance`]).
+/// `q / period` token, where the quantum `q` divides every remainder the bandwidth can reach
+/// (`gcd(refill tokens, period)` for a greedy refill) and `period / q` units are one token.
 ///
 /// Greedy refill and consumption are additions and comparisons in this form, with no
 /// division: [`ops::plan_scaled`] runs operations on it directly, and one-bandwidth lock-free
 /// buckets keep it in one 128-bit atomic.
 ///
 /// ```
-/// # use bucket4rs_core::{Bandwidth, BandwidthState}; use bucket4rs_core::__private::{ScaledState};
+/// # use bucket4rs_core::{Bandwidth, BandwidthState}; use bucket4rs_core::forms::{ScaledState};
 /// # use core::time::Duration;
 /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
 /// let s = ScaledState::from_state(&b, BandwidthState::from_parts(0, 4, 0)).expect("fits");
@@ -163,7 +139,6 @@ impl BandwidthState {
 /// assert_eq!(s.last_refill_nanos(), 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[doc(hidden)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ScaledState {
     last_refill: i64,
@@ -174,7 +149,7 @@ impl ScaledState {
     /// A scaled state from its parts.
     ///
     /// ```
-    /// # use bucket4rs_core::__private::ScaledState;
+    /// # use bucket4rs_core::forms::ScaledState;
     /// let s = ScaledState::new(5, -7);
     /// assert_eq!((s.last_refill_nanos(), s.balance()), (5, -7));
     /// ```
@@ -185,15 +160,21 @@ impl ScaledState {
         }
     }
 
-    /// `st` in the scaled form of bandwidth `b`, when it has one
-    /// ([`BandwidthState::scaled_balance`]).
+    /// `st` in the scaled form of bandwidth `b`: the balance `tokens × (period / q) +
+    /// remainder / q`. `None` when the remainder is not a multiple of `q` in `0..period` or the
+    /// balance does not fit `i64`; otherwise exact, and [`to_state`](Self::to_state) inverts it.
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth, BandwidthState}; use bucket4rs_core::__private::{ScaledState};
+    /// # use bucket4rs_core::{Bandwidth, BandwidthState}; use bucket4rs_core::forms::{ScaledState};
     /// # use core::time::Duration;
-    /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
-    /// assert!(ScaledState::from_state(&b, BandwidthState::from_parts(0, 1, 0)).is_some());
-    /// assert!(ScaledState::from_state(&b, BandwidthState::from_parts(0, 1, -1)).is_none());
+    /// // 4 tokens per 100 ns: remainders are multiples of gcd(4, 100) = 4, a token is 25 units.
+    /// let b = Bandwidth::builder().capacity(10).refill_greedy(4, Duration::from_nanos(100)).build()?;
+    /// let s = BandwidthState::from_parts(7, 3, 40);
+    /// let scaled = ScaledState::from_state(&b, s).expect("fits");
+    /// assert_eq!(scaled, ScaledState::new(7, 3 * 25 + 10));
+    /// assert_eq!(scaled.to_state(&b), s);
+    /// assert!(ScaledState::from_state(&b, BandwidthState::from_parts(7, 3, 41)).is_none());
+    /// assert!(ScaledState::from_state(&b, BandwidthState::from_parts(7, i64::MAX, 0)).is_none());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
@@ -201,10 +182,11 @@ impl ScaledState {
         Some(Self::new(st.last_refill, st.scaled_balance(b)?))
     }
 
-    /// The three-field state of bandwidth `b` this one encodes.
+    /// The three-field state of bandwidth `b` this one encodes. Total: any balance gives a
+    /// state whose remainder is a multiple of the quantum in `0..period`.
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth, BandwidthState}; use bucket4rs_core::__private::{ScaledState};
+    /// # use bucket4rs_core::{Bandwidth, BandwidthState}; use bucket4rs_core::forms::{ScaledState};
     /// # use core::time::Duration;
     /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
     /// // 10 tokens a second: remainders are multiples of gcd(10, 10^9) = 10 ns, so a token
@@ -220,7 +202,7 @@ impl ScaledState {
     /// Clock reading of the last refill.
     ///
     /// ```
-    /// # use bucket4rs_core::__private::ScaledState;
+    /// # use bucket4rs_core::forms::ScaledState;
     /// assert_eq!(ScaledState::new(9, 0).last_refill_nanos(), 9);
     /// ```
     pub const fn last_refill_nanos(self) -> i64 {
@@ -230,7 +212,7 @@ impl ScaledState {
     /// The balance in scaled units.
     ///
     /// ```
-    /// # use bucket4rs_core::__private::ScaledState;
+    /// # use bucket4rs_core::forms::ScaledState;
     /// assert_eq!(ScaledState::new(0, 42).balance(), 42);
     /// ```
     pub const fn balance(self) -> i64 {
@@ -251,7 +233,7 @@ impl ScaledState {
 /// bandwidth, so [`plan`](Self::plan) reads no configuration.
 ///
 /// ```
-/// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::__private::{CompactForm, ScaledState};
+/// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::forms::{CompactForm, ScaledState};
 /// # use core::time::Duration;
 /// // 10 tokens per second: a token is 10^8 units, and the rate 1 unit per nanosecond.
 /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
@@ -265,7 +247,6 @@ impl ScaledState {
 /// assert_eq!(form.encode(ScaledState::new(0, 11 * 100_000_000)), None);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CompactForm {
     base: i64,
@@ -281,7 +262,7 @@ impl CompactForm {
     /// `None` for interval refills and for a capacity whose scaled form does not fit `i64`.
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::__private::{CompactForm};
+    /// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::forms::{CompactForm};
     /// # use core::time::Duration;
     /// let interval = Bandwidth::builder().capacity(5).refill_intervally(5, Duration::from_secs(1)).build()?;
     /// assert_eq!(CompactForm::new(&interval, 0), None);
@@ -302,23 +283,11 @@ impl CompactForm {
         })
     }
 
-    /// The reading values count from.
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::__private::{CompactForm}; use core::time::Duration;
-    /// let b = Bandwidth::simple(1, Duration::from_secs(1))?;
-    /// assert_eq!(CompactForm::new(&b, 7).expect("greedy").base(), 7);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub const fn base(&self) -> i64 {
-        self.base
-    }
-
     /// `st` as a compact value: `(last_refill − base) × rate + (capacity − balance)`. `None`
     /// for a balance above capacity or a value beyond `i64`.
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::__private::{CompactForm, ScaledState}; use core::time::Duration;
+    /// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::forms::{CompactForm, ScaledState}; use core::time::Duration;
     /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
     /// let form = CompactForm::new(&b, 0).expect("greedy");
     /// assert_eq!(form.encode(ScaledState::new(5, 1_000_000_000)), Some(5)); // full at 5
@@ -343,7 +312,7 @@ impl CompactForm {
     /// balance below `i64::MIN` (a reading absurdly far back) saturates there.
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::__private::{CompactForm, ScaledState}; use core::time::Duration;
+    /// # use bucket4rs_core::{Bandwidth}; use bucket4rs_core::forms::{CompactForm, ScaledState}; use core::time::Duration;
     /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
     /// let form = CompactForm::new(&b, 0).expect("greedy");
     /// let u = form.encode(ScaledState::new(0, 0)).expect("fits");
@@ -377,7 +346,7 @@ impl CompactForm {
     /// `i64`: decode and plan then.
     ///
     /// ```
-    /// # use bucket4rs_core::{Bandwidth, ops::TryConsume}; use bucket4rs_core::__private::{CompactForm, ScaledState};
+    /// # use bucket4rs_core::{Bandwidth, ops::TryConsume}; use bucket4rs_core::forms::{CompactForm, ScaledState};
     /// # use core::time::Duration;
     /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
     /// let form = CompactForm::new(&b, 0).expect("greedy");
@@ -428,14 +397,13 @@ impl CompactForm {
 /// Why [`CompactForm::plan`] gave no result.
 ///
 /// ```
-/// # use bucket4rs_core::{Bandwidth, OperationError, ops}; use bucket4rs_core::__private::{CompactForm, CompactStop};
+/// # use bucket4rs_core::{Bandwidth, OperationError, ops}; use bucket4rs_core::forms::{CompactForm, CompactStop};
 /// # use core::time::Duration;
 /// let form = CompactForm::new(&Bandwidth::simple(10, Duration::from_secs(1))?, 0).expect("greedy");
 /// assert_eq!(form.plan(&bucket4rs_core::ops::TryConsume(0), 0, 0), Err(CompactStop::Invalid(OperationError::ZeroTokens)));
 /// assert_eq!(form.plan(&bucket4rs_core::ops::Reset, 0, 0), Err(CompactStop::Decline));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CompactStop {
     /// The operation's input is invalid; nothing changes.
@@ -584,7 +552,6 @@ impl BucketState {
     /// let s = BucketState::from_bandwidths(vec![BandwidthState::from_parts(0, 1, 0)]);
     /// assert_eq!(s.bandwidths().len(), 1);
     /// ```
-    #[doc(hidden)]
     pub fn from_bandwidths(bandwidths: Vec<BandwidthState>) -> Self {
         // Inline when it fits, otherwise the vector's own allocation is kept.
         Self {
@@ -615,7 +582,6 @@ impl BucketState {
     /// assert_eq!(state.bandwidths()[0].tokens(), 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[doc(hidden)]
     pub fn bandwidths_mut(&mut self) -> &mut [BandwidthState] {
         &mut self.bandwidths
     }
@@ -631,7 +597,6 @@ impl BucketState {
     /// assert!(BucketState::new(&config, 0).check(&config).is_ok());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[doc(hidden)]
     pub fn check(&self, config: &BucketConfiguration) -> Result<(), StateError> {
         let bws = config.bandwidths();
         if bws.len() != self.bandwidths.len() {

@@ -52,7 +52,6 @@ impl<T> VerboseResult<T> {
     /// assert_eq!((*r.value(), r.now_nanos()), ("x", 5));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    #[doc(hidden)]
     pub fn new(
         value: T,
         configuration: BucketConfiguration,
@@ -227,7 +226,8 @@ mod sealed {
 ///
 /// The answer is a type parameter of the bucket types rather than a second set of methods:
 /// `try_consume` is one method whose return type is `A::Of<bool>`, which is `bool` on a plain
-/// bucket and `VerboseResult<bool>` on a verbose one. Sealed.
+/// bucket and `VerboseResult<bool>` on a verbose one. Sealed: [`Plain`] and [`Verbose`] are the
+/// two answers; code generic over `A: Answer` uses the methods below to compute and unwrap them.
 ///
 /// ```
 /// use bucket4rs_core::{Answer, Plain, Verbose, VerboseResult};
@@ -244,24 +244,60 @@ pub trait Answer: sealed::Sealed + Send + Sync + 'static {
     /// What an operation whose value is `T` answers: `T`, or a `VerboseResult<T>`.
     type Of<T>;
 
-    /// Runs `plain` on a plain view and `verbose` on a verbose one, either with `input`.
-    #[doc(hidden)]
+    /// Runs `plain` for a plain answer and `verbose` for a verbose one, either with `input`:
+    /// how code generic over the answer (a bucket's `execute`, the blocking and async views)
+    /// computes only what its answer needs. Chosen at compile time.
+    ///
+    /// # Errors
+    /// Whatever the closure that runs returns.
+    ///
+    /// ```
+    /// use bucket4rs_core::{Answer, Plain, Verbose, VerboseResult};
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// fn answer<A: Answer>(config: &BucketConfiguration) -> Result<A::Of<u8>, ()> {
+    ///     A::pick(
+    ///         7,
+    ///         |v| Ok(v),
+    ///         |v| Ok(VerboseResult::new(v, config.clone(), BucketState::new(config, 0), 0)),
+    ///     )
+    /// }
+    /// assert_eq!(answer::<Plain>(&config), Ok(7));
+    /// assert_eq!(answer::<Verbose>(&config).map(|r| r.into_value()), Ok(7));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn pick<X, T, E>(
         input: X,
         plain: impl FnOnce(X) -> Result<T, E>,
         verbose: impl FnOnce(X) -> Result<VerboseResult<T>, E>,
     ) -> Result<Self::Of<T>, E>;
 
-    /// The answer to a verbose result: its value on a plain view, itself on a verbose one.
-    #[doc(hidden)]
+    /// The answer to a verbose result: its value for a plain answer, itself for a verbose one.
+    ///
+    /// ```
+    /// use bucket4rs_core::{Answer, Plain, VerboseResult};
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState}; use core::time::Duration;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1, Duration::from_secs(1))?).build()?;
+    /// let result = VerboseResult::new(true, config.clone(), BucketState::new(&config, 0), 0);
+    /// assert!(Plain::from_verbose(result));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn from_verbose<T>(result: VerboseResult<T>) -> Self::Of<T>;
 
-    /// Maps the value inside an answer.
-    #[doc(hidden)]
+    /// Maps the value inside an answer, keeping the rest of a verbose one.
+    ///
+    /// ```
+    /// use bucket4rs_core::{Answer, Plain};
+    /// assert_eq!(Plain::map(20_u64, |n| n * 2), 40);
+    /// ```
     fn map<T, U>(answer: Self::Of<T>, f: impl FnOnce(T) -> U) -> Self::Of<U>;
 
     /// The value inside an answer.
-    #[doc(hidden)]
+    ///
+    /// ```
+    /// use bucket4rs_core::{Answer, Plain};
+    /// assert_eq!(*Plain::value(&5_u8), 5);
+    /// ```
     fn value<T>(answer: &Self::Of<T>) -> &T;
 }
 

@@ -781,7 +781,7 @@ fn manual_clock_moves_only_when_told_and_saturates() {
 /// bound `u − (capacity − need)` below `i64::MIN` (every reading meets it).
 #[test]
 fn compact_plan_at_the_ends_of_the_range_is_exact() {
-    use bucket4rs_core::__private::{CompactForm, CompactStop};
+    use bucket4rs_core::forms::{CompactForm, CompactStop};
     use bucket4rs_core::ops::TryConsume;
     let edges = [
         MIN,

@@ -11,6 +11,7 @@
 //!
 //! Failures are persisted next to this file in `properties.proptest-regressions`.
 
+use bucket4rs_core::forms::ScaledState;
 use bucket4rs_core::ops::{self, Mutation, Refilled};
 use bucket4rs_core::{
     Bandwidth, BandwidthState, BucketConfiguration, BucketState, ConfigError, ConsumptionProbe,
@@ -1418,12 +1419,12 @@ proptest! {
         let p = b.refill_period().as_nanos() as i128;
         let q = if b.refill_kind() != bucket4rs_core::RefillKind::Greedy { p } else { gcd(b.refill_tokens() as i128, p) };
         let unit = p / q;
-        let decoded = BandwidthState::from_scaled_balance(&b, last, scaled);
+        let decoded = ScaledState::new(last, scaled).to_state(&b);
         prop_assert_eq!(decoded.last_refill_nanos(), last);
         let e = decoded.remainder() as i128;
         prop_assert!((0..p).contains(&e) && e % q == 0);
         prop_assert_eq!(decoded.tokens() as i128 * unit + e / q, scaled as i128);
-        prop_assert_eq!(decoded.scaled_balance(&b), Some(scaled));
+        prop_assert_eq!(ScaledState::from_state(&b, decoded).map(ScaledState::balance), Some(scaled));
 
         // Remainders near multiples of the quantum as well as arbitrary ones.
         for remainder in [remainder, (remainder as i128 / q * q + quanta as i128) as i64] {
@@ -1433,11 +1434,11 @@ proptest! {
             let fits = (0..p).contains(&e)
                 && e % q == 0
                 && (i64::MIN as i128..=i64::MAX as i128).contains(&wide);
-            match state.scaled_balance(&b) {
+            match ScaledState::from_state(&b, state).map(ScaledState::balance) {
                 Some(s) => {
                     prop_assert!(fits);
                     prop_assert_eq!(s as i128, wide);
-                    prop_assert_eq!(BandwidthState::from_scaled_balance(&b, last, s), state);
+                    prop_assert_eq!(ScaledState::new(last, s).to_state(&b), state);
                 }
                 None => prop_assert!(!fits),
             }

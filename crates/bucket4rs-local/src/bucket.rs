@@ -135,16 +135,9 @@ impl<S, C, L, A> Bucket<S, C, L, A> {
         }
     }
 
-    /// The storage, for strategy-specific diagnostics.
-    ///
-    /// ```
-    /// # use bucket4rs_local::Bucket; use std::time::Duration;
-    /// let bucket = Bucket::builder().add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1))).build()?;
-    /// assert_eq!(bucket.storage().contention_retries(), 0);
-    /// # Ok::<(), bucket4rs_local::ConfigError>(())
-    /// ```
-    #[doc(hidden)]
-    pub fn storage(&self) -> &S {
+    /// The storage (this crate's tests read a strategy's own diagnostics through it).
+    #[cfg(test)]
+    pub(crate) fn storage(&self) -> &S {
         &self.storage
     }
 
@@ -173,6 +166,30 @@ impl<S, C, L, A> Bucket<S, C, L, A> {
     /// ```
     pub fn listener(&self) -> &L {
         &self.listener
+    }
+
+    /// This bucket answering as `B`: a view with the same storage, clock and listener, whose
+    /// operations answer `B::Of<T>`. [`as_verbose`](Bucket::as_verbose) is
+    /// `answering::<Verbose>()`; code generic over the answer (as the blocking and async views
+    /// are) runs on the bucket answering as it does.
+    ///
+    /// ```
+    /// use bucket4rs_local::{Answer, Bucket, Plain, Storage, Verbose};
+    /// use std::time::Duration;
+    ///
+    /// // Takes a token and answers as `A` does.
+    /// fn take<S: Storage, A: Answer>(bucket: &Bucket<S>) -> A::Of<bool> {
+    ///     bucket.answering::<A>().try_consume(1).expect("one token is a valid request")
+    /// }
+    /// let bucket = Bucket::builder()
+    ///     .add_limit(|l| l.capacity(2).refill_greedy(2, Duration::from_secs(60)))
+    ///     .build()?;
+    /// assert!(take::<_, Plain>(&bucket));
+    /// assert_eq!(take::<_, Verbose>(&bucket).available_tokens(), 0);
+    /// # Ok::<(), bucket4rs_local::ConfigError>(())
+    /// ```
+    pub fn answering<B: Answer>(&self) -> Bucket<&S, &C, &L, B> {
+        Bucket::from_parts(&self.storage, &self.clock, &self.listener)
     }
 }
 
@@ -529,11 +546,6 @@ impl<S: Storage, C: Clock, L: BucketListener> Bucket<S, C, L> {
     /// ```
     pub fn as_verbose(&self) -> VerboseBucket<'_, S, C, L> {
         self.answering()
-    }
-
-    /// This bucket answering as `A`: the same storage, clock and listener.
-    pub(crate) fn answering<A: Answer>(&self) -> Bucket<&S, &C, &L, A> {
-        Bucket::from_parts(&self.storage, &self.clock, &self.listener)
     }
 
     /// A view sharing this bucket's state but notifying `listener` instead of this bucket's

@@ -2,7 +2,7 @@
 
 use bucket4rs_core::{
     Bandwidth, BandwidthBuilder, BucketConfiguration, BucketListener, BucketState, Clock,
-    ConfigError, NoopListener, StateError,
+    ConfigError, ConfigurationBuilder, NoopListener, StateError,
 };
 
 use crate::bucket::{Bucket, BucketSnapshot, LockFreeBucket, SynchronizedBucket, UnsyncBucket};
@@ -28,8 +28,8 @@ use crate::storage::{AnyStorage, NewStorage, SynchronizationStrategy};
 #[derive(Debug)]
 #[must_use]
 pub struct BucketBuilder<C = FastClock, L = NoopListener> {
-    limits: Vec<Bandwidth>,
-    error: Option<ConfigError>,
+    /// The limits, and the first error of one that did not build.
+    limits: ConfigurationBuilder,
     state: Option<BucketState>,
     clock: C,
     listener: L,
@@ -45,8 +45,7 @@ impl BucketBuilder {
     /// A builder with no limits, the [`FastClock`] and no listener.
     pub(crate) fn new() -> Self {
         Self {
-            limits: Vec::new(),
-            error: None,
+            limits: ConfigurationBuilder::default(),
             state: None,
             clock: FastClock,
             listener: NoopListener,
@@ -68,11 +67,9 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
     /// assert_eq!(err.unwrap_err(), ConfigError::ZeroCapacity);
     /// # Ok::<(), ConfigError>(())
     /// ```
-    pub fn add_limit(self, limit: impl FnOnce(BandwidthBuilder) -> BandwidthBuilder) -> Self {
-        match limit(Bandwidth::builder()).build() {
-            Ok(b) => self.add_bandwidth(b),
-            Err(e) => self.fail(e),
-        }
+    pub fn add_limit(mut self, limit: impl FnOnce(BandwidthBuilder) -> BandwidthBuilder) -> Self {
+        self.limits = core::mem::take(&mut self.limits).add_limit(limit);
+        self
     }
 
     /// Adds a prebuilt limit.
@@ -87,12 +84,7 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
     /// # Ok::<(), bucket4rs_local::ConfigError>(())
     /// ```
     pub fn add_bandwidth(mut self, bandwidth: Bandwidth) -> Self {
-        self.limits.push(bandwidth);
-        self
-    }
-
-    fn fail(mut self, error: ConfigError) -> Self {
-        self.error.get_or_insert(error);
+        self.limits = core::mem::take(&mut self.limits).add_bandwidth(bandwidth);
         self
     }
 
@@ -105,9 +97,12 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
     /// assert_eq!(bucket.configuration(), config);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn with_configuration(mut self, config: &BucketConfiguration) -> Self {
-        self.limits.extend(config.bandwidths().iter().cloned());
-        self
+    pub fn with_configuration(self, config: &BucketConfiguration) -> Self {
+        config
+            .bandwidths()
+            .iter()
+            .cloned()
+            .fold(self, Self::add_bandwidth)
     }
 
     /// Starts from a snapshot's configuration and state (replacing any limits added so far).
@@ -126,9 +121,9 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
     pub fn with_snapshot(mut self, snapshot: BucketSnapshot) -> Result<Self, StateError> {
         let (config, state) = snapshot.into_parts();
         state.check(&config)?;
-        self.limits = config.bandwidths().to_vec();
+        self.limits = ConfigurationBuilder::default();
         self.state = Some(state);
-        Ok(self)
+        Ok(self.with_configuration(&config))
     }
 
     /// Sets the clock (default [`FastClock`]); e.g. a
@@ -153,7 +148,6 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
     pub fn with_clock<C2: Clock>(self, clock: C2) -> BucketBuilder<C2, L> {
         BucketBuilder {
             limits: self.limits,
-            error: self.error,
             state: self.state,
             clock,
             listener: self.listener,
@@ -174,7 +168,6 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
     pub fn with_listener<L2: BucketListener>(self, listener: L2) -> BucketBuilder<C, L2> {
         BucketBuilder {
             limits: self.limits,
-            error: self.error,
             state: self.state,
             clock: self.clock,
             listener,
@@ -182,10 +175,7 @@ impl<C: Clock, L: BucketListener> BucketBuilder<C, L> {
     }
 
     fn parts(self) -> Result<(BucketConfiguration, BucketState, C, L), ConfigError> {
-        if let Some(e) = self.error {
-            return Err(e);
-        }
-        let config = BucketConfiguration::new(self.limits)?;
+        let config = self.limits.build()?;
         config.check_clock(self.clock.is_wall_clock_based())?;
         let state = match self.state {
             Some(s) => s,

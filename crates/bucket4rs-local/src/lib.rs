@@ -30,8 +30,8 @@
 //!
 //! A lock-free bucket with one greedy limit on a monotonic clock (the default) keeps its whole
 //! exact state in one 64-bit word — governor's cost: one load and at most one compare-and-swap
-//! ([`LockFree::is_compact`]); other one-limit buckets use one 128-bit word, several limits
-//! immutable snapshots published by one compare-and-swap.
+//! (see [`LockFree`]); other one-limit buckets use one 128-bit word, several limits immutable
+//! snapshots published by one compare-and-swap.
 //!
 //! # Crate features
 //! - `serde`: `Serialize`/`Deserialize` for [`BucketSnapshot`] and [`SynchronizationStrategy`].
@@ -63,34 +63,18 @@ pub use bucket4rs_core::{
     TokensInheritanceStrategy, VerboseResult,
 };
 
-/// What the other bucket4rs crates need from this one, outside semver: the keyed bucket as a
-/// store of configurations and states its callers bring (the distributed crate's embedded
-/// backend), and a bucket answering as another `Answer` (the blocking and async views). Not
-/// for use outside bucket4rs.
+/// The keyed bucket as a store of configurations and states its callers bring, outside semver.
+// Hidden: only bucket4rs-distributed's embedded backend uses it, and #30 deletes it with that
+// backend's rewrite as a plain store.
 #[doc(hidden)]
 pub mod __private {
     use core::borrow::Borrow;
     use core::hash::{BuildHasher, Hash};
 
-    use bucket4rs_core::{
-        Answer, BucketConfiguration, BucketListener, BucketState, Clock, ConfigError,
-    };
+    use bucket4rs_core::{BucketConfiguration, BucketListener, BucketState, Clock, ConfigError};
 
-    use crate::bucket::Bucket;
     pub use crate::keyed::Update;
-    use crate::storage::Storage;
 
-    /// `bucket` answering as `A` (its storage, clock and listener): what the blocking and
-    /// async views, which carry an answer of their own, run their reservations on.
-    pub fn answering<S, C, L, A>(bucket: &Bucket<S, C, L>) -> Bucket<&S, &C, &L, A>
-    where
-        S: Storage,
-        C: Clock,
-        L: BucketListener,
-        A: Answer,
-    {
-        bucket.answering()
-    }
     use crate::keyed::{KeyedBucket, KeyedError};
 
     /// A keyed bucket whose keys' configurations come with [`update`] (none of its own): its

@@ -114,7 +114,6 @@ impl ConsumptionProbe {
     /// # use bucket4rs_core::ConsumptionProbe;
     /// assert!(ConsumptionProbe::new(true, 1, 0, 5).is_consumed());
     /// ```
-    #[doc(hidden)]
     pub const fn new(
         consumed: bool,
         remaining: u64,
@@ -321,7 +320,6 @@ impl EstimationProbe {
     /// # use bucket4rs_core::EstimationProbe;
     /// assert_eq!(EstimationProbe::new(true, 5, 0).remaining_tokens(), 5);
     /// ```
-    #[doc(hidden)]
     pub const fn new(can_be_consumed: bool, remaining: u64, wait_for_refill: u64) -> Self {
         Self {
             can_be_consumed,

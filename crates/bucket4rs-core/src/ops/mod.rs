@@ -42,8 +42,9 @@ pub use verbose::Verbose;
 /// on each access (still without allocating).
 const INLINE: usize = 2;
 
-/// A read-only view of a bucket's state, refilled to `now`, that operations plan on. Part of
-/// [`Operation`]'s hidden planning method: for the bucket4rs crates, outside semver.
+/// A read-only view of a bucket's state, refilled to `now`, that operations plan on.
+// Hidden: part of `Operation`'s planning, which only the operations of this module implement
+// (and bucket4rs-tower's `store::Take` until #29 removes it; then the trait is sealed).
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct Refilled<'a, R> {
@@ -219,6 +220,8 @@ impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
 /// assert_eq!(s.tokens(), 10);
 /// # Ok::<(), bucket4rs_core::ConfigError>(())
 /// ```
+// Hidden: part of `Operation`'s planning, which only the operations of this module implement
+// (and bucket4rs-tower's `store::Take` until #29 removes it; then the trait is sealed).
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -312,24 +315,41 @@ pub trait Operation {
     ///
     /// # Errors
     /// An [`OperationError`] for invalid arguments or an impossible reservation.
+    // Hidden: planning, implemented by this module's operations only (see `Refilled`).
     #[doc(hidden)]
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
         view: &Refilled<'_, R>,
     ) -> Result<(Self::Output, Option<Mutation>), OperationError>;
 
-    /// Tells `listener` what the operation did (only consumption notifies).
-    #[doc(hidden)]
+    /// Tells `listener` what the operation did, given its output (only the operations that
+    /// consume notify): what a bucket calls once the operation's change is committed, so that
+    /// a storage running operations with [`execute`] notifies listeners as a bucket does.
+    ///
+    /// ```
+    /// use bucket4rs_core::{BucketListener, ops::{Operation, TryConsume}};
+    /// use core::sync::atomic::{AtomicU64, Ordering};
+    /// #[derive(Default)]
+    /// struct Rejected(AtomicU64);
+    /// impl BucketListener for Rejected {
+    ///     fn on_rejected(&self, tokens: u64) { self.0.fetch_add(tokens, Ordering::Relaxed); }
+    /// }
+    /// let listener = Rejected::default();
+    /// TryConsume(3).notify(&false, &listener);
+    /// assert_eq!(listener.0.load(Ordering::Relaxed), 3);
+    /// ```
     fn notify<L: BucketListener + ?Sized>(&self, _output: &Self::Output, _listener: &L) {}
 
     /// Whether [`plan_single`](Operation::plan_single) is implemented (a compile-time switch,
     /// so operations without a shortcut pay nothing for it).
+    // Hidden: planning, implemented by this module's operations only (see `Refilled`).
     #[doc(hidden)]
     const HAS_SINGLE: bool = false;
 
     /// A shortcut for a bucket with a single bandwidth `b` whose refilled state is `s`: the
     /// same result as [`plan`](Operation::plan), computed directly, with the new state when it
     /// changes. `None` (the default) means "use `plan`".
+    // Hidden: planning, implemented by this module's operations only (see `Refilled`).
     #[doc(hidden)]
     #[inline]
     fn plan_single(
@@ -352,6 +372,7 @@ pub trait Operation {
     /// let take = TryConsume(3).take().expect("try_consume takes");
     /// assert_eq!((take.tokens, take.taken, take.refused), (Ok(3), true, false));
     /// ```
+    // Hidden: planning, implemented by this module's operations only (see `Refilled`).
     #[doc(hidden)]
     #[inline]
     fn take(&self) -> Option<Take<Self::Output>> {
@@ -359,6 +380,7 @@ pub trait Operation {
     }
 
     /// Whether [`plan_scaled`](Operation::plan_scaled) is implemented (a compile-time switch).
+    // Hidden: planning, implemented by this module's operations only (see `Refilled`).
     #[doc(hidden)]
     const HAS_SCALED: bool = false;
 
@@ -366,6 +388,7 @@ pub trait Operation {
     /// `s` (see `ScaledState`): the same result as [`plan_single`](Operation::plan_single),
     /// computed without division. `None` (the default, or when a value does not fit) means
     /// "decode and use `plan_single`".
+    // Hidden: planning, implemented by this module's operations only (see `Refilled`).
     #[doc(hidden)]
     #[inline]
     fn plan_scaled(&self, _b: &Bandwidth, _s: ScaledState) -> Option<Scaled<Self::Output>> {
@@ -373,12 +396,10 @@ pub trait Operation {
     }
 }
 
-/// The result of [`Operation::plan_single`]: the output and the new state, if it changed.
-#[doc(hidden)]
+/// The result of [`plan_one`]: the output and the new state, if it changed.
 pub type Single<T> = Result<(T, Option<BandwidthState>), OperationError>;
 
-/// The result of [`Operation::plan_scaled`]: the output and the new scaled state, if it changed.
-#[doc(hidden)]
+/// The result of [`plan_scaled`]: the output and the new scaled state, if it changed.
 pub type Scaled<T> = Result<(T, Option<ScaledState>), OperationError>;
 
 /// An operation's decision, made on a refilled view and not yet written anywhere.
@@ -399,7 +420,6 @@ pub type Scaled<T> = Result<(T, Option<ScaledState>), OperationError>;
 /// assert!(plan.into_output());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct Plan<'a, R, T> {
     output: T,
@@ -487,7 +507,6 @@ impl<R: Fn(usize) -> BandwidthState, T> Plan<'_, R, T> {
 /// assert!(ops::plan(&bucket4rs_core::ops::TryConsume(0), &config, 0, |i| state.bandwidths()[i]).is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[doc(hidden)]
 #[inline]
 pub fn plan<'a, O, R>(
     op: &O,
@@ -530,7 +549,6 @@ where
 /// assert!(ops::plan_one(&bucket4rs_core::ops::Reset, &config, 0, || state.bandwidths()[0]).is_none());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[doc(hidden)]
 #[inline]
 pub fn plan_one<O, R>(
     op: &O,
@@ -558,7 +576,7 @@ where
 /// [`plan_one`] then.
 ///
 /// ```
-/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops}; use bucket4rs_core::__private::{ScaledState};
+/// # use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops}; use bucket4rs_core::forms::{ScaledState};
 /// # use core::time::Duration;
 /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
 /// let b = &config.bandwidths()[0];
@@ -568,7 +586,6 @@ where
 /// assert_eq!(new.map(|s| s.to_state(b).tokens()), Some(7));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[doc(hidden)]
 #[inline]
 pub fn plan_scaled<O>(op: &O, b: &Bandwidth, now: i64, s: ScaledState) -> Option<Scaled<O::Output>>
 where
@@ -580,12 +597,13 @@ where
     op.plan_scaled(b, math::refill_scaled(b, s, now)?)
 }
 
-/// What [`Operation::take`] describes: a fixed take and the output either way.
+/// What `Operation::take` describes: a fixed take and the output either way.
 ///
 /// ```
 /// # use bucket4rs_core::{OperationError, ops::{Operation, TryConsume}};
 /// assert_eq!(TryConsume(0).take().map(|t| t.tokens), Some(Err(OperationError::ZeroTokens)));
 /// ```
+// Hidden: the output of `Operation::take`, part of the planning (see `Refilled`).
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Take<T> {
@@ -614,7 +632,6 @@ pub struct Take<T> {
 /// assert_eq!(written, 1);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[doc(hidden)]
 #[inline]
 pub fn execute<O, R, W>(
     op: &O,

@@ -19,7 +19,6 @@ use crate::state::BandwidthState;
 /// assert_eq!(after.bandwidths()[0].tokens(), 7);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Verbose<O>(pub O);
 

@@ -4,8 +4,9 @@ use bucket4rs_core::ops::Operation;
 use bucket4rs_core::{BucketConfiguration, BucketState, ConfigError, OperationError};
 
 use super::plans::Plans;
+use crate::storage::Synchronized;
+use crate::storage::sealed::{New, Sealed};
 use crate::storage::word::{self, CompactWord, Exit};
-use crate::storage::{NewStorage, Storage, Synchronized};
 
 /// A key's bucket. Sixteen bytes: the compact word and its plan's index, or a box.
 #[derive(Debug)]

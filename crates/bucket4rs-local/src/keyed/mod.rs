@@ -47,7 +47,8 @@ use plans::Plans;
 
 use crate::bucket::BucketSnapshot;
 use crate::clock::FastClock;
-use crate::storage::{NewStorage, Synchronized};
+use crate::storage::Synchronized;
+use crate::storage::sealed::New;
 use bucket4rs_core::NoopListener;
 
 /// The hasher of a keyed bucket's map by default: foldhash, seeded per map. Fast, and
@@ -75,6 +76,7 @@ enum Source<K> {
 }
 
 /// What the keyed bucket's update of a key does with its bucket.
+// Hidden: part of `__private` (the embedded backend's store mode), which #30 deletes.
 #[doc(hidden)]
 #[derive(Debug)]
 pub enum Update {

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use bucket4rs_core::__private::{CompactForm, ScaledState};
+use bucket4rs_core::forms::{CompactForm, ScaledState};
 use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, BucketState};
 use parking_lot::Mutex;
 

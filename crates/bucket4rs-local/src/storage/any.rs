@@ -6,7 +6,8 @@ use bucket4rs_core::{
     BandwidthState, BucketConfiguration, BucketState, ConfigError, OperationError,
 };
 
-use super::{LockFree, NewStorage, Replacement, Storage, Synchronized};
+use super::sealed::{New, Sealed};
+use super::{LockFree, Replacement, Storage, Synchronized};
 
 /// A thread-safe strategy chosen at run time.
 ///
@@ -64,13 +65,14 @@ impl FromStr for SynchronizationStrategy {
 /// dynamic dispatch.
 ///
 /// ```
-/// use bucket4rs_local::{AnyStorage, Bucket, SynchronizationStrategy};
+/// use bucket4rs_local::{AnyStorage, Bucket};
 /// use std::time::Duration;
 /// let bucket = Bucket::builder()
 ///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
-///     .build_with(SynchronizationStrategy::LockFree)?;
-/// assert!(matches!(bucket.storage(), AnyStorage::LockFree(_)));
-/// # Ok::<(), bucket4rs_local::ConfigError>(())
+///     .build_with("synchronized".parse()?)?;
+/// let _: &Bucket<AnyStorage> = &bucket;
+/// assert!(bucket.try_consume(1)?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
 // The lock-free variant is the state's cache-line-aligned hot words, held inline on purpose:
@@ -101,7 +103,9 @@ impl AnyStorage {
     }
 }
 
-impl Storage for AnyStorage {
+impl Storage for AnyStorage {}
+
+impl Sealed for AnyStorage {
     #[inline]
     fn execute<O: Operation>(&self, op: &O, now: i64) -> Result<O::Output, OperationError> {
         match self {

@@ -10,6 +10,7 @@ use bucket4rs_core::{
 };
 use parking_lot::Mutex;
 
+use super::sealed::{New, Sealed};
 use super::{NewStorage, Replacement, Storage};
 
 type Inner = (BucketConfiguration, BucketState);
@@ -68,13 +69,17 @@ macro_rules! exclusive_storage {
             inner: $cell,
         }
 
-        impl NewStorage for $name {
+        impl NewStorage for $name {}
+
+        impl New for $name {
             fn new(config: BucketConfiguration, state: BucketState, _monotonic_clock: bool) -> Self {
                 Self { inner: Exclusive::new((config, state)) }
             }
         }
 
-        impl Storage for $name {
+        impl Storage for $name {}
+
+        impl Sealed for $name {
             #[inline]
             fn execute<O: Operation>(&self, op: &O, now: i64) -> Result<O::Output, OperationError> {
                 self.inner.with(|(config, state)| run(op, config, state, now))

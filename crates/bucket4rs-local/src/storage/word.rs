@@ -19,8 +19,9 @@
 //! The lowest 2^17 values of `i64` are reserved as markers for the owner's use (the lock-free
 //! bucket marks a word it left with them); a value there does not fit.
 
-use bucket4rs_core::__private::{CompactForm, CompactStop, ScaledState, plan, plan_one};
+use bucket4rs_core::forms::{CompactForm, CompactStop, ScaledState};
 use bucket4rs_core::ops::Operation;
+use bucket4rs_core::ops::{plan, plan_one};
 use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, OperationError};
 use crossbeam_utils::Backoff;
 

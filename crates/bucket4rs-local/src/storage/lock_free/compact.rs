@@ -8,7 +8,7 @@
 //! [`SLOTS_WORD`]. Every thread that meets a frozen word helps, so none waits for the one that
 //! froze it.
 
-use bucket4rs_core::__private::CompactForm;
+use bucket4rs_core::forms::CompactForm;
 use bucket4rs_core::{Bandwidth, BandwidthState};
 
 use super::LockFree;

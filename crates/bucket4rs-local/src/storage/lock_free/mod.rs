@@ -80,15 +80,18 @@
 mod compact;
 mod packed;
 mod slots;
+#[cfg(test)]
+mod tests;
 
 use std::sync::OnceLock;
 
-use bucket4rs_core::__private::CompactForm;
+use bucket4rs_core::forms::CompactForm;
 use bucket4rs_core::ops::Operation;
 use bucket4rs_core::{
     BandwidthState, BucketConfiguration, BucketState, ConfigError, OperationError,
 };
 
+use super::sealed::{New, Sealed};
 use super::word::{self, CompactWord, Exit};
 use super::{NewStorage, Replacement, Storage};
 use crate::primitive::{
@@ -116,7 +119,7 @@ struct Hot {
     /// A placeholder in a bucket that did not start compact (its word holds a marker from
     /// the start, so the form is never read): no `Option` to test on the hot path.
     form: CompactForm,
-    /// Lost compare-and-swap races ([`LockFree::contention_retries`]). In the compact word's
+    /// Lost compare-and-swap races (read by the stress tests). In the compact word's
     /// cache line: a thread that just lost a race on that word holds the line, so counting
     /// costs no extra transfer between cores.
     retries: AtomicU64,
@@ -174,7 +177,9 @@ pub struct LockFree {
     overflow: OnceLock<Box<Overflow>>,
 }
 
-impl NewStorage for LockFree {
+impl NewStorage for LockFree {}
+
+impl New for LockFree {
     fn new(config: BucketConfiguration, state: BucketState, monotonic_clock: bool) -> Self {
         let stride = stride(&config);
         let one = match (config.bandwidths(), state.bandwidths()) {
@@ -235,21 +240,10 @@ impl NewStorage for LockFree {
 }
 
 impl LockFree {
-    /// How many times a compare-and-swap lost a race and the operation was retried — a
-    /// diagnostic of contention (it only counts, it never slows the success path).
-    ///
-    /// ```
-    /// use bucket4rs_local::{Bucket, LockFreeBucket};
-    /// use std::time::Duration;
-    /// let bucket: LockFreeBucket = Bucket::builder()
-    ///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
-    ///     .build()?;
-    /// bucket.try_consume(1)?;
-    /// assert_eq!(bucket.storage().contention_retries(), 0); // one thread never retries
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    #[doc(hidden)]
-    pub fn contention_retries(&self) -> u64 {
+    /// How many times a compare-and-swap lost a race and the operation was retried (it only
+    /// counts, it never slows the success path): the stress tests check that races happened.
+    #[cfg(test)]
+    pub(crate) fn contention_retries(&self) -> u64 {
         self.hot.retries.load(Ordering::Relaxed)
     }
 
@@ -258,31 +252,8 @@ impl LockFree {
     /// bandwidth whose clock may go back or whose refill is by intervals, a state that fits,
     /// a CPU with a native 128-bit word — x86-64 with AVX). Once a bucket leaves its word it
     /// never returns.
-    ///
-    /// ```
-    /// use bucket4rs_local::{Bucket, LockFreeBucket, ManualClock};
-    /// use std::time::Duration;
-    /// // One greedy limit on the default (monotonic) clock: the compact word, on any CPU.
-    /// let one: LockFreeBucket = Bucket::builder()
-    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
-    ///     .build()?;
-    /// assert!(one.storage().is_packed() && one.storage().is_compact());
-    /// // A clock that may go back: the packed word where it is native.
-    /// let manual: LockFreeBucket<ManualClock> = Bucket::builder()
-    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
-    ///     .with_clock(ManualClock::new(0))
-    ///     .build()?;
-    /// # #[cfg(target_arch = "x86_64")]
-    /// assert_eq!(manual.storage().is_packed(), std::arch::is_x86_feature_detected!("avx"));
-    /// let two: LockFreeBucket = Bucket::builder()
-    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
-    ///     .add_limit(|l| l.capacity(100).refill_greedy(100, Duration::from_secs(60)))
-    ///     .build()?;
-    /// assert!(!two.storage().is_packed());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    #[doc(hidden)]
-    pub fn is_packed(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_packed(&self) -> bool {
         match self.kind {
             Kind::Compact => self.is_compact(),
             Kind::Packed => packed::mode(self.hot.packed.load(Ordering::Acquire)) != packed::SLOTS,
@@ -291,45 +262,11 @@ impl LockFree {
     }
 
     /// Whether the bucket runs on the compact 64-bit word: one greedy bandwidth, a clock that
-    /// declares itself [monotonic](bucket4rs_core::Clock::is_monotonic) (the default
-    /// [`FastClock`](crate::FastClock) does), a state that fits. Then an operation is one
-    /// 64-bit load and at most one 64-bit compare-and-swap, like governor's. Once it leaves
-    /// compact mode it never returns.
-    ///
-    /// ```
-    /// use bucket4rs_local::{Bucket, LockFreeBucket, ManualClock};
-    /// use std::time::Duration;
-    /// let greedy: LockFreeBucket = Bucket::builder()
-    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
-    ///     .build()?;
-    /// assert!(greedy.storage().is_compact());
-    /// // A manual clock may go back: the bucket keeps the last refill time (packed or slots).
-    /// let manual: LockFreeBucket<ManualClock> = Bucket::builder()
-    ///     .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(1)))
-    ///     .with_clock(ManualClock::new(0))
-    ///     .build()?;
-    /// assert!(!manual.storage().is_compact());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    #[doc(hidden)]
-    pub fn is_compact(&self) -> bool {
+    /// declares itself monotonic, a state that fits. Once it leaves compact mode it never
+    /// returns.
+    #[cfg(test)]
+    pub(crate) fn is_compact(&self) -> bool {
         self.kind == Kind::Compact && word::is_value(self.hot.compact.load())
-    }
-
-    /// Slots allocated so far (two inline, more only under contention).
-    ///
-    /// ```
-    /// use bucket4rs_local::{Bucket, LockFreeBucket};
-    /// use std::time::Duration;
-    /// let bucket: LockFreeBucket = Bucket::builder()
-    ///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(1)))
-    ///     .build()?;
-    /// assert_eq!(bucket.storage().slot_count(), 2);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    #[doc(hidden)]
-    pub fn slot_count(&self) -> usize {
-        FAST + self.overflow.get().map_or(0, |o| o.slots.count())
     }
 
     /// The compact form, if the bucket started compact (else the form is a placeholder).
@@ -408,7 +345,9 @@ impl LockFree {
     }
 }
 
-impl Storage for LockFree {
+impl Storage for LockFree {}
+
+impl Sealed for LockFree {
     #[inline(always)]
     fn execute<O: Operation>(&self, op: &O, now: i64) -> Result<O::Output, OperationError> {
         self.run(op, now, |_| ()).map(|(o, ())| o)

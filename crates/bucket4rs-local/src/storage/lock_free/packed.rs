@@ -5,14 +5,15 @@
 //!
 //! The high half holds the last refill time; the low half the mode (top two bits) and the
 //! scaled balance `tokens × period + remainder` (62-bit two's complement, see
-//! [`BandwidthState::scaled_balance`]). A bucket starts packed when its configuration has one
+//! `ScaledState::from_state`). A bucket starts packed when its configuration has one
 //! bandwidth and its state fits; a state that does not fit (a huge forced addition or debt) or a
 //! configuration replacement moves it to the slots for good: the word is first *frozen* (its
 //! state kept, no packed write can succeed any more), the state is installed in a slot by
 //! whichever thread gets there first, and the word becomes `SLOTS`.
 
-use bucket4rs_core::__private::{ScaledState, plan_scaled};
+use bucket4rs_core::forms::ScaledState;
 use bucket4rs_core::ops::Operation;
+use bucket4rs_core::ops::plan_scaled;
 use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, OperationError};
 use crossbeam_utils::Backoff;
 

@@ -1,8 +1,8 @@
 //! The slots of a lock-free bucket: immutable state snapshots in recycled slots, published by
 //! one compare-and-swap of a generation-tagged index (the protocol is described in `mod.rs`).
 
-use bucket4rs_core::__private::{plan, plan_one};
 use bucket4rs_core::ops::Operation;
+use bucket4rs_core::ops::{plan, plan_one};
 use bucket4rs_core::{
     BandwidthState, BucketConfiguration, BucketState, ConfigError, OperationError,
 };

@@ -2,12 +2,11 @@
 //! `LOOM_MAX_PREEMPTIONS`) keeps exact token accounting.
 //!
 //! Run with `cargo xtask loom` (it sets `--cfg bucket4rs_loom` and the preemption bound).
-#![cfg(bucket4rs_loom)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bucket4rs_local::{
+use crate::{
     Bandwidth, Bucket, BucketConfiguration, LockFreeBucket, ManualClock, TokensInheritanceStrategy,
 };
 use loom::thread;

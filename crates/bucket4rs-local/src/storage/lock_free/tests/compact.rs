@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use bucket4rs_local::{
+use crate::{
     Bandwidth, Bucket, BucketConfiguration, LockFreeBucket, ManualClock, TokensInheritanceStrategy,
     UnsyncBucket,
 };

@@ -4,9 +4,7 @@ use std::sync::Barrier;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bucket4rs_local::{
-    Bucket, FastClock, LockFree, ManualClock, NewStorage, Storage, Synchronized,
-};
+use crate::{Bucket, FastClock, LockFree, ManualClock, NewStorage, Storage, Synchronized};
 
 const THREADS: usize = 8;
 const ATTEMPTS: usize = 500;
@@ -242,9 +240,9 @@ fn replace_while_consuming(clock: ManualClock) {
         .with_clock(clock)
         .build()
         .expect("valid");
-    let other = bucket4rs_local::BucketConfiguration::builder()
+    let other = crate::BucketConfiguration::builder()
         .add_bandwidth(
-            bucket4rs_local::Bandwidth::builder()
+            crate::Bandwidth::builder()
                 .capacity(10_000)
                 .refill_intervally(1, Duration::from_secs(7200))
                 .id("a")
@@ -264,7 +262,7 @@ fn replace_while_consuming(clock: ManualClock) {
                     first.clone()
                 };
                 bucket
-                    .replace_configuration(c, bucket4rs_local::TokensInheritanceStrategy::AsIs)
+                    .replace_configuration(c, crate::TokensInheritanceStrategy::AsIs)
                     .expect("valid");
             }
         });
