@@ -328,6 +328,32 @@ impl CompactForm {
         ScaledState::new(at, balance.max(i64::MIN as i128) as i64)
     }
 
+    /// The earliest reading from which the bucket of compact value `u` is full: `u` counted
+    /// back from scaled units to a reading, rounded up (`i64::MAX` when that is beyond `i64`).
+    /// Left alone, the bucket stays full from then on.
+    ///
+    /// ```
+    /// # use bucket4rs_core::Bandwidth; use bucket4rs_core::forms::{CompactForm, ScaledState};
+    /// # use core::time::Duration;
+    /// let b = Bandwidth::simple(10, Duration::from_secs(1))?; // a token every 100 ms
+    /// let form = CompactForm::new(&b, 0).expect("greedy");
+    /// let u = form.encode(ScaledState::new(1_000, 7 * 100_000_000)).expect("fits");
+    /// assert_eq!(form.full_at(u), 1_000 + 300_000_000); // 3 tokens short at 1 µs
+    /// assert_eq!(form.decode(u, form.full_at(u)).balance(), 1_000_000_000);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn full_at(&self, u: i64) -> i64 {
+        if self.direct {
+            return u;
+        }
+        // The smallest t with (t − base) × rate >= u; the rate is positive.
+        let t = self.base as i128
+            + (u as i128).div_euclid(self.rate as i128)
+            + i128::from((u as i128).rem_euclid(self.rate as i128) != 0);
+        i64::try_from(t).unwrap_or(if t < 0 { i64::MIN } else { i64::MAX })
+    }
+
     /// Runs `op` on compact value `u` at reading `now`. Only operations with a fixed take
     /// ([`Operation::take`], try_consume) run here, as the GCRA's step: with
     /// `p = (now − base) × rate`, `u' = max(u, p) + need`, taken when `u' − p <= capacity`,

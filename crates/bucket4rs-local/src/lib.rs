@@ -49,7 +49,7 @@ pub use bucket::{
 };
 pub use builder::BucketBuilder;
 pub use clock::FastClock;
-pub use keyed::{DefaultHasher, KeyedBucket, KeyedBucketBuilder, KeyedError};
+pub use keyed::{DefaultHasher, KeyRef, KeyedBucket, KeyedBucketBuilder, KeyedError};
 pub use storage::{
     AnyStorage, LockFree, NewStorage, Storage, SynchronizationStrategy, Synchronized,
     UnknownStrategy, Unsynchronized,

@@ -1,17 +1,15 @@
 //! The keyed bucket's builder.
 
 use core::hash::{BuildHasher, Hash};
-use core::sync::atomic::AtomicUsize;
 
 use bucket4rs_core::{
     Bandwidth, BandwidthBuilder, BucketConfiguration, BucketListener, Clock, ConfigError,
-    NoopListener,
+    ConfigurationBuilder, NoopListener,
 };
-use dashmap::DashMap;
 
-use super::plans::Plans;
-use super::{DefaultHasher, KeyedBucket, MIN_SWEEP_INTERVAL, PerKey, Shared, Source};
+use super::{DefaultHasher, KeyedBucket, PerKey, Shared, Source};
 use crate::clock::FastClock;
+use crate::primitive::Map;
 
 /// Builds a [`KeyedBucket`]: the limits of every key (as for a
 /// [`Bucket`](crate::Bucket)), or a configuration chosen per key; the clock, the listener, the
@@ -43,9 +41,9 @@ use crate::clock::FastClock;
 /// ```
 #[must_use]
 pub struct KeyedBucketBuilder<K, C = FastClock, L = NoopListener, S = DefaultHasher> {
-    limits: Vec<Bandwidth>,
+    /// The limits every key gets, and the first error of one that did not build.
+    limits: ConfigurationBuilder,
     per_key: Option<PerKey<K>>,
-    error: Option<ConfigError>,
     clock: C,
     listener: L,
     hasher: S,
@@ -69,9 +67,8 @@ impl<K, C: core::fmt::Debug, L: core::fmt::Debug, S> core::fmt::Debug
 impl<K> KeyedBucketBuilder<K> {
     pub(super) fn new() -> Self {
         Self {
-            limits: Vec::new(),
+            limits: ConfigurationBuilder::default(),
             per_key: None,
-            error: None,
             clock: FastClock,
             listener: NoopListener,
             hasher: DefaultHasher::default(),
@@ -92,11 +89,9 @@ impl<K, C, L, S> KeyedBucketBuilder<K, C, L, S> {
     /// assert_eq!(limiter.available_tokens(&1)?, 10);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn add_limit(self, limit: impl FnOnce(BandwidthBuilder) -> BandwidthBuilder) -> Self {
-        match limit(Bandwidth::builder()).build() {
-            Ok(b) => self.add_bandwidth(b),
-            Err(e) => self.fail(e),
-        }
+    pub fn add_limit(mut self, limit: impl FnOnce(BandwidthBuilder) -> BandwidthBuilder) -> Self {
+        self.limits = core::mem::take(&mut self.limits).add_limit(limit);
+        self
     }
 
     /// Adds a limit every key gets.
@@ -110,7 +105,7 @@ impl<K, C, L, S> KeyedBucketBuilder<K, C, L, S> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn add_bandwidth(mut self, bandwidth: Bandwidth) -> Self {
-        self.limits.push(bandwidth);
+        self.limits = core::mem::take(&mut self.limits).add_bandwidth(bandwidth);
         self
     }
 
@@ -123,9 +118,12 @@ impl<K, C, L, S> KeyedBucketBuilder<K, C, L, S> {
     /// assert_eq!(limiter.available_tokens(&1)?, 3);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn with_configuration(mut self, config: &BucketConfiguration) -> Self {
-        self.limits.extend(config.bandwidths().iter().cloned());
-        self
+    pub fn with_configuration(self, config: &BucketConfiguration) -> Self {
+        config
+            .bandwidths()
+            .iter()
+            .cloned()
+            .fold(self, Self::add_bandwidth)
     }
 
     /// Chooses each key's configuration when the key is first used (or used again after its
@@ -175,11 +173,6 @@ impl<K, C, L, S> KeyedBucketBuilder<K, C, L, S> {
         self
     }
 
-    fn fail(mut self, error: ConfigError) -> Self {
-        self.error.get_or_insert(error);
-        self
-    }
-
     /// The clock of every key's bucket (the default is [`FastClock`]). A clock that declares
     /// itself [monotonic](Clock::is_monotonic) lets one-greedy-bandwidth buckets run on the
     /// compact word.
@@ -200,7 +193,6 @@ impl<K, C, L, S> KeyedBucketBuilder<K, C, L, S> {
         KeyedBucketBuilder {
             limits: self.limits,
             per_key: self.per_key,
-            error: self.error,
             clock,
             listener: self.listener,
             hasher: self.hasher,
@@ -235,7 +227,6 @@ impl<K, C, L, S> KeyedBucketBuilder<K, C, L, S> {
         KeyedBucketBuilder {
             limits: self.limits,
             per_key: self.per_key,
-            error: self.error,
             clock: self.clock,
             listener,
             hasher: self.hasher,
@@ -261,7 +252,6 @@ impl<K, C, L, S> KeyedBucketBuilder<K, C, L, S> {
         KeyedBucketBuilder {
             limits: self.limits,
             per_key: self.per_key,
-            error: self.error,
             clock: self.clock,
             listener: self.listener,
             hasher,
@@ -286,33 +276,33 @@ impl<K: Hash + Eq, C: Clock, L: BucketListener, S: BuildHasher + Clone>
     /// assert_eq!(none.err(), Some(ConfigError::NoBandwidths));
     /// ```
     pub fn build(self) -> Result<KeyedBucket<K, C, L, S>, ConfigError> {
-        if let Some(e) = self.error {
-            return Err(e);
-        }
         if self.max_keys == Some(0) {
             return Err(ConfigError::ZeroMaxKeys);
         }
         let wall_clock = self.clock.is_wall_clock_based();
+        // A bad limit fails the build even with a per-key configuration.
+        let limits = self.limits.build();
         let source = match self.per_key {
-            Some(f) => Source::PerKey(f),
+            Some(f) => match limits {
+                Err(e) if e != ConfigError::NoBandwidths => return Err(e),
+                _ => Source::PerKey(f),
+            },
             None => {
-                let config = BucketConfiguration::new(self.limits)?;
+                let config = limits?;
                 config.check_clock(wall_clock)?;
                 Source::One(config)
             }
         };
-        Ok(KeyedBucket::from_shared(Shared {
-            map: DashMap::with_hasher(self.hasher),
-            plans: Plans::default(),
+        let monotonic = self.clock.is_monotonic();
+        Ok(KeyedBucket::from_shared(Shared::new(
+            Map::with_hasher(self.hasher),
             source,
-            monotonic: self.clock.is_monotonic(),
+            self.clock,
+            self.listener,
+            monotonic,
             wall_clock,
-            clock: self.clock,
-            listener: self.listener,
-            max_keys: self.max_keys,
-            len: AtomicUsize::new(0),
-            next_sweep: AtomicUsize::new(MIN_SWEEP_INTERVAL),
-        }))
+            self.max_keys,
+        )))
     }
 }
 
@@ -324,17 +314,15 @@ impl<K: Hash + Eq, C: Clock> KeyedBucket<K, C> {
         if max_keys == Some(0) {
             return Err(ConfigError::ZeroMaxKeys);
         }
-        Ok(KeyedBucket::from_shared(Shared {
-            map: DashMap::with_hasher(DefaultHasher::default()),
-            plans: Plans::default(),
-            source: Source::Stored,
-            monotonic: false,
-            wall_clock: clock.is_wall_clock_based(),
+        let wall_clock = clock.is_wall_clock_based();
+        Ok(KeyedBucket::from_shared(Shared::new(
+            Map::with_hasher(DefaultHasher::default()),
+            Source::Stored,
             clock,
-            listener: NoopListener,
+            NoopListener,
+            false,
+            wall_clock,
             max_keys,
-            len: AtomicUsize::new(0),
-            next_sweep: AtomicUsize::new(MIN_SWEEP_INTERVAL),
-        }))
+        )))
     }
 }

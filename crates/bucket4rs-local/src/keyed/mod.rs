@@ -4,32 +4,44 @@
 //!
 //! # How it works
 //!
-//! The map is a sharded `DashMap` from the key to a sixteen-byte [`Entry`]. A known key is one
-//! lookup under its shard's read lock: a bucket of one greedy bandwidth on a monotonic clock
-//! (the default) is the lock-free bucket's compact word (one load and at most one
-//! compare-and-swap, see `storage::word`), its configuration shared by every key of that
-//! configuration through an interned plan; any other bucket is a synchronized one of its own.
-//! A key without a bucket answers as a bucket created now; it is stored only when the operation
-//! changes that state, or when forgetting it would change a later answer.
+//! The map is papaya's lock-free hash map from the key to a sixteen-byte [`Entry`]. A known
+//! key is one guarded lookup that writes no shared memory, then its bucket: a bucket of one
+//! greedy bandwidth on a monotonic clock (the default) is the lock-free bucket's compact word
+//! (one load and at most one compare-and-swap, see `storage::word`), its configuration shared
+//! by every key of that configuration through an interned plan; any other bucket is a locked
+//! one of its own. A key without a bucket answers as a bucket created now; it is stored (its
+//! key made owned, the entry inserted) only when the operation changes that state, or when
+//! forgetting it would change a later answer.
 //!
 //! Memory is bounded by forgetting: a bucket is dropped only when a bucket created afresh from
 //! the key's configuration would answer every later request exactly as the kept one
 //! ([`BucketState::forgettable_at`]: a full greedy bucket whose initial tokens are its
-//! capacity, for instance). Buckets that can never be forgotten (interval refill, initial
-//! tokens below capacity, a replaced configuration) stay until removed, bounded by the
-//! optional key cap. Forgettable buckets are swept when the map has doubled since the last
-//! sweep, when the cap is reached, and on [`KeyedBucket::sweep`].
+//! capacity, for instance), and the map marks it gone in the same atomic step that judged it
+//! (see `entry.rs`). Buckets that can never be forgotten (interval refill, initial tokens below
+//! capacity, a replaced configuration) stay until removed, bounded by the optional key cap.
+//!
+//! When to look: the map is swept when it has doubled since the last sweep, and a bucket is
+//! forgotten by such a sweep only if it was already forgettable at the previous one (a second
+//! chance: a key that comes back between two sweeps keeps its bucket, so a working set of
+//! light keys is not forgotten and re-stored over and over). At the key cap, a new key makes
+//! the map sweep for room, forgetting every bucket it can; when none can be, the sweep
+//! remembers the earliest reading at which one could, and new keys before it are refused at
+//! once, without looking. [`KeyedBucket::sweep`] forgets every forgettable bucket now.
+//!
+//! Structural changes of the map — sweeps, removals, replacing a key's entry — take one lock;
+//! lookups and the operations on a bucket never do.
 
 mod builder;
 mod entry;
 mod error;
 mod plans;
+#[cfg(test)]
+mod tests;
 
 use core::borrow::Borrow;
 use core::fmt;
 use core::hash::{BuildHasher, Hash};
 use core::marker::PhantomData;
-use core::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bucket4rs_core::ops::{self, Operation};
@@ -37,8 +49,6 @@ use bucket4rs_core::{
     Answer, BucketConfiguration, BucketListener, BucketState, Clock, ConsumptionProbe,
     EstimationProbe, OperationError, Plain, TokensInheritanceStrategy, Verbose, VerboseResult,
 };
-use dashmap::DashMap;
-use dashmap::mapref::entry::Entry as MapEntry;
 
 pub use builder::KeyedBucketBuilder;
 use entry::{Entry, Recreated, Stop};
@@ -47,8 +57,7 @@ use plans::Plans;
 
 use crate::bucket::BucketSnapshot;
 use crate::clock::FastClock;
-use crate::storage::Synchronized;
-use crate::storage::sealed::New;
+use crate::primitive::{AtomicI64, AtomicUsize, Map, Mutex, Ordering};
 use bucket4rs_core::NoopListener;
 
 /// The hasher of a keyed bucket's map by default: foldhash, seeded per map. Fast, and
@@ -84,6 +93,72 @@ pub enum Update {
     Keep,
     /// Store this configuration and state.
     Put(BucketConfiguration, BucketState),
+}
+
+/// A form of a key of type `K` that a keyed bucket's methods take, as `HashMap::get` does:
+/// `K` itself, or any type `K` borrows as (`str` for `String` keys). A lookup uses it as it
+/// is; it becomes an owned `K` only when the key's bucket must be stored.
+///
+/// Sealed: implemented for every `Q` where `K: Borrow<Q>`, `Q: Hash + Eq + ToOwned` and
+/// `Q::Owned: Into<K>`; the bound names those once.
+///
+/// ```
+/// use bucket4rs_local::{KeyRef, KeyedBucket};
+/// use std::time::Duration;
+///
+/// fn allowed<Q: KeyRef<String> + ?Sized>(limiter: &KeyedBucket<String>, key: &Q) -> bool {
+///     limiter.try_consume(key, 1).unwrap_or(false)
+/// }
+/// let limiter: KeyedBucket<String> = KeyedBucket::builder()
+///     .add_limit(|l| l.capacity(1).refill_greedy(1, Duration::from_secs(60)))
+///     .build()?;
+/// assert!(allowed(&limiter, "alice")); // a `&str`: no `String` made to look it up
+/// assert!(!allowed(&limiter, &"alice".to_owned()));
+/// # Ok::<(), bucket4rs_local::ConfigError>(())
+/// ```
+pub trait KeyRef<K>: Hash + sealed::Key<K> {}
+
+impl<K, Q> KeyRef<K> for Q
+where
+    K: Borrow<Q>,
+    Q: Hash + Eq + ToOwned + ?Sized,
+    Q::Owned: Into<K>,
+{
+}
+
+mod sealed {
+    use core::borrow::Borrow;
+
+    /// What the map does with a [`KeyRef`](super::KeyRef).
+    pub trait Key<K> {
+        /// Whether `key` is this one.
+        fn is(&self, key: &K) -> bool;
+        /// This key, owned.
+        fn to_key(&self) -> K;
+    }
+
+    impl<K, Q> Key<K> for Q
+    where
+        K: Borrow<Q>,
+        Q: Eq + ToOwned + ?Sized,
+        Q::Owned: Into<K>,
+    {
+        #[inline]
+        fn is(&self, key: &K) -> bool {
+            key.borrow() == self
+        }
+
+        fn to_key(&self) -> K {
+            self.to_owned().into()
+        }
+    }
+}
+
+impl<K, Q: KeyRef<K> + ?Sized> crate::primitive::Probe<K> for Q {
+    #[inline]
+    fn is(&self, key: &K) -> bool {
+        sealed::Key::is(self, key)
+    }
 }
 
 /// One token bucket per key, all in one concurrent map: the per-key counterpart of
@@ -122,7 +197,7 @@ pub struct KeyedBucket<K, C = FastClock, L = NoopListener, S = DefaultHasher, A 
 
 /// What a keyed bucket and its verbose view share.
 struct Shared<K, C, L, S> {
-    map: DashMap<K, Entry, S>,
+    map: Map<K, Entry, S>,
     plans: Plans,
     source: Source<K>,
     clock: C,
@@ -134,6 +209,48 @@ struct Shared<K, C, L, S> {
     len: AtomicUsize,
     /// The size at which the next automatic sweep runs.
     next_sweep: AtomicUsize,
+    /// The reading of the last sweep: an automatic sweep forgets only what was forgettable
+    /// then already.
+    swept_at: AtomicI64,
+    /// The earliest reading at which the last sweep found that a kept bucket could be
+    /// forgotten: at the cap, a new key before it is refused without a sweep.
+    room_at: AtomicI64,
+    /// Held by every structural change: sweeps, removals, replacing a key's entry.
+    structure: Mutex<()>,
+    /// Entries the sweeps have looked at (the tests count the work of the key cap).
+    #[cfg(test)]
+    visited: AtomicUsize,
+}
+
+impl<K, C, L, S> Shared<K, C, L, S> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        map: Map<K, Entry, S>,
+        source: Source<K>,
+        clock: C,
+        listener: L,
+        monotonic: bool,
+        wall_clock: bool,
+        max_keys: Option<usize>,
+    ) -> Self {
+        Self {
+            map,
+            plans: Plans::default(),
+            source,
+            clock,
+            listener,
+            monotonic,
+            wall_clock,
+            max_keys,
+            len: AtomicUsize::new(0),
+            next_sweep: AtomicUsize::new(MIN_SWEEP_INTERVAL),
+            swept_at: AtomicI64::new(i64::MIN),
+            room_at: AtomicI64::new(i64::MIN),
+            structure: Mutex::new(()),
+            #[cfg(test)]
+            visited: AtomicUsize::new(0),
+        }
+    }
 }
 
 impl<K, C, L, S> KeyedBucket<K, C, L, S> {
@@ -198,9 +315,7 @@ where
     #[inline]
     pub fn execute<Q, O>(&self, key: &Q, op: O) -> Result<A::Of<O::Output>, KeyedError>
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
+        Q: KeyRef<K> + ?Sized,
         O: Operation,
     {
         A::pick(
@@ -210,7 +325,7 @@ where
             #[inline(always)]
             |op| {
                 let now = self.shared.clock.now_nanos();
-                let out = self.run(key, &op, now)?;
+                let out = self.run_with(key, now, |e, plans| e.run(plans, &op, now))?;
                 // Committed: a panicking listener cannot corrupt the bucket.
                 op.notify(&out, &self.shared.listener);
                 Ok(out)
@@ -226,20 +341,8 @@ where
         )
     }
 
-    /// `op` on `key`'s bucket at `now`: in place for a known key, else the slow paths.
-    #[inline(always)]
-    fn run<Q, O>(&self, key: &Q, op: &O, now: i64) -> Result<O::Output, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-        O: Operation,
-    {
-        self.run_with(key, now, |e, plans| e.run(plans, op, now))
-    }
-
-    /// `run` on `key`'s entry: under the shard's read lock for a known key (the common case,
-    /// inline), else on the slow paths.
+    /// `run` on `key`'s entry: in place for a known key (the common case, inline: one guarded
+    /// lookup, then the bucket), else on the slow paths.
     #[inline(always)]
     fn run_with<Q, T>(
         &self,
@@ -248,22 +351,18 @@ where
         run: impl Fn(&Entry, &Plans) -> Result<T, Stop>,
     ) -> Result<T, KeyedError>
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
+        Q: KeyRef<K> + ?Sized,
     {
-        if let Some(entry) = self.shared.map.get(key) {
-            match run(&entry, &self.shared.plans) {
-                Ok(out) => return Ok(out),
-                Err(Stop::Invalid(e)) => return Err(e.into()),
-                Err(Stop::Upgrade) => {}
-            }
+        let plans = &self.shared.plans;
+        match self.shared.map.get(key, |e| e.map(|e| run(e, plans))) {
+            Some(Ok(out)) => Ok(out),
+            Some(Err(Stop::Invalid(e))) => Err(e.into()),
+            _ => self.run_slow(key, now, &run),
         }
-        self.run_slow(key, now, &run)
     }
 
-    /// A key without a bucket, or whose state must leave the compact word: under the
-    /// shard's exclusive lock.
+    /// A key without a bucket, whose state must leave the compact word, or whose entry was
+    /// just replaced or forgotten.
     #[cold]
     #[inline(never)]
     fn run_slow<Q, T>(
@@ -273,128 +372,169 @@ where
         run: &impl Fn(&Entry, &Plans) -> Result<T, Stop>,
     ) -> Result<T, KeyedError>
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
+        Q: KeyRef<K> + ?Sized,
     {
-        if let Some(mut entry) = self.shared.map.get_mut(key) {
-            return exclusive(&mut entry, &self.shared.plans, now, run);
-        }
-        let owned: K = key.to_owned().into();
-        let config = self.configuration_for(&owned)?;
-        let fresh = BucketState::new(&config, now);
-        // First on a bucket created now and not stored: an invalid request stores nothing,
-        // and a request that leaves a forgettable fresh bucket as it was needs no bucket.
-        let probe = Entry::General(Box::new(Synchronized::new(
-            config.clone(),
-            fresh.clone(),
-            false,
-        )));
-        let out = run(&probe, &self.shared.plans).map_err(stop)?;
-        let unchanged = probe
-            .snapshot(&self.shared.plans, now)
-            .is_some_and(|(_, s)| s == fresh);
-        if unchanged && fresh.forgettable_at(&config, now) == Some(now) {
-            return Ok(out);
-        }
-        self.insert(owned, &config, fresh, now, |entry, _| {
-            exclusive(entry, &self.shared.plans, now, run)
-        })
-    }
-
-    /// Stores a bucket of `config` in `state` for `key` at `now`, then runs `f` on the stored
-    /// entry with exclusive access (`true`: it was just stored; `false`: another thread
-    /// stored one first, and `f` runs on that one).
-    fn insert<T>(
-        &self,
-        mut key: K,
-        config: &BucketConfiguration,
-        state: BucketState,
-        now: i64,
-        f: impl FnOnce(&mut Entry, bool) -> Result<T, KeyedError>,
-    ) -> Result<T, KeyedError> {
-        let mut state = Some(state);
-        let mut swept = false;
+        let shared = &*self.shared;
         loop {
-            match self.shared.map.entry(key) {
-                MapEntry::Occupied(mut o) => return f(o.get_mut(), false),
-                MapEntry::Vacant(v) => {
-                    if !self.count_key() {
-                        if swept {
-                            return Err(KeyedError::TooManyKeys {
-                                max: self.shared.max_keys.unwrap_or(usize::MAX),
-                            });
-                        }
-                        // Sweeping takes every shard's lock: let go of this one first.
-                        key = v.into_key();
-                        self.sweep_at(now);
-                        swept = true;
-                        continue;
+            match shared.map.get(key, |e| e.map(|e| run(e, &shared.plans))) {
+                Some(Ok(out)) => return Ok(out),
+                Some(Err(Stop::Invalid(e))) => return Err(e.into()),
+                Some(Err(Stop::Gone)) => self.settle(key),
+                Some(Err(Stop::Upgrade)) => self.upgrade(key, now),
+                None => {
+                    if let Some(out) = self.run_absent(key, now, run)? {
+                        return Ok(out);
                     }
-                    let state = state
-                        .take()
-                        .unwrap_or_else(|| BucketState::new(config, now));
-                    let entry = Entry::new(
-                        &self.shared.plans,
-                        config,
-                        state,
-                        now,
-                        self.shared.monotonic,
-                    );
-                    let mut stored = v.insert(entry);
-                    let result = f(&mut stored, true);
-                    drop(stored);
-                    let grown = self.shared.len.load(Ordering::Relaxed);
-                    if grown > self.shared.next_sweep.load(Ordering::Relaxed) {
-                        self.sweep_at(now);
-                    }
-                    return result;
                 }
             }
         }
     }
 
-    /// Counts one more key, within the cap.
-    fn count_key(&self) -> bool {
-        match self.shared.max_keys {
-            None => {
-                self.shared.len.fetch_add(1, Ordering::Relaxed);
-                true
+    /// `run` for a key without a bucket: on a bucket created now, stored only if the operation
+    /// changed it or it could not be forgotten. `None` when another thread stored the key's
+    /// bucket first (then run on that one).
+    fn run_absent<Q, T>(
+        &self,
+        key: &Q,
+        now: i64,
+        run: &impl Fn(&Entry, &Plans) -> Result<T, Stop>,
+    ) -> Result<Option<T>, KeyedError>
+    where
+        Q: KeyRef<K> + ?Sized,
+    {
+        let shared = &*self.shared;
+        let (owned, config) = self.source_for(key)?;
+        let fresh = BucketState::new(&config, now);
+        // Nobody else sees this entry until it is stored: the operation runs on it first.
+        let mut entry = Entry::new(&shared.plans, &config, fresh.clone(), now, shared.monotonic);
+        let before = entry.word();
+        let out = match run(&entry, &shared.plans) {
+            Err(Stop::Upgrade) => {
+                entry.upgrade_unshared(&shared.plans, now);
+                run(&entry, &shared.plans).map_err(stop)?
             }
-            Some(max) => self
-                .shared
+            other => other.map_err(stop)?,
+        };
+        let unchanged = match before {
+            Some(w) => entry.word() == Some(w),
+            None => entry
+                .snapshot(&shared.plans, now)
+                .is_some_and(|(_, s)| s == fresh),
+        };
+        // Left as a fresh bucket that could be forgotten: nothing to store.
+        if unchanged && fresh.forgettable_at(&config, now) == Some(now) {
+            return Ok(Some(out));
+        }
+        if !self.count_key(now) {
+            return Err(self.too_many());
+        }
+        let owned = owned.unwrap_or_else(|| key.to_key());
+        if !shared.map.try_insert(owned, entry, |stored| stored.is_ok()) {
+            shared.len.fetch_sub(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        if shared.len.load(Ordering::Relaxed) > shared.next_sweep.load(Ordering::Relaxed) {
+            let since = shared.swept_at.load(Ordering::Relaxed);
+            shared.structure.try_with(|_| self.sweep_locked(now, since));
+        }
+        Ok(Some(out))
+    }
+
+    /// Waits for the structural change that made `key`'s entry gone to finish; a gone entry
+    /// still in the map then goes.
+    fn settle<Q: KeyRef<K> + ?Sized>(&self, key: &Q) {
+        self.shared.structure.with(|_| {
+            self.shared.map.remove_if(key, Entry::is_gone);
+        });
+    }
+
+    /// Makes `key`'s compact entry a general one holding the same state (its next state does
+    /// not fit the word).
+    fn upgrade<Q: KeyRef<K> + ?Sized>(&self, key: &Q, now: i64) {
+        let shared = &*self.shared;
+        shared.structure.with(|_| {
+            let frozen = shared.map.get(key, |e| match e {
+                Some(e @ Entry::Compact { .. }) => e.freeze(&shared.plans, now),
+                _ => None,
+            });
+            if let Some((config, state)) = frozen {
+                shared
+                    .map
+                    .insert(key.to_key(), Entry::general(config, state));
+            }
+        });
+    }
+
+    /// The configuration a key without a bucket gets, with the owned key when finding it made
+    /// one.
+    fn source_for<Q: KeyRef<K> + ?Sized>(
+        &self,
+        key: &Q,
+    ) -> Result<(Option<K>, BucketConfiguration), KeyedError> {
+        match &self.shared.source {
+            Source::One(config) => Ok((None, config.clone())),
+            Source::PerKey(f) => {
+                let owned = key.to_key();
+                let config = f(&owned).ok_or(KeyedError::UnknownKey)?;
+                config.check_clock(self.shared.wall_clock)?;
+                Ok((Some(owned), config))
+            }
+            Source::Stored => Err(KeyedError::UnknownKey),
+        }
+    }
+
+    /// Counts one more key, within the cap. At the cap, one sweep looks for room, unless the
+    /// last one found none before a later reading.
+    fn count_key(&self, now: i64) -> bool {
+        let shared = &*self.shared;
+        let Some(max) = shared.max_keys else {
+            shared.len.fetch_add(1, Ordering::Relaxed);
+            return true;
+        };
+        let take = || {
+            shared
                 .len
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                     (n < max).then_some(n + 1)
                 })
-                .is_ok(),
+                .is_ok()
+        };
+        if take() {
+            return true;
+        }
+        if now < shared.room_at.load(Ordering::Relaxed) {
+            return false;
+        }
+        shared.structure.with(|_| {
+            if shared.len.load(Ordering::Relaxed) >= max
+                && now >= shared.room_at.load(Ordering::Relaxed)
+            {
+                self.sweep_locked(now, now);
+            }
+        });
+        take()
+    }
+
+    fn too_many(&self) -> KeyedError {
+        KeyedError::TooManyKeys {
+            max: self.shared.max_keys.unwrap_or(usize::MAX),
         }
     }
 
-    /// The configuration a key without a bucket gets.
-    fn configuration_for(&self, key: &K) -> Result<BucketConfiguration, KeyedError> {
-        let config = match &self.shared.source {
-            Source::One(config) => return Ok(config.clone()),
-            Source::PerKey(f) => f(key).ok_or(KeyedError::UnknownKey)?,
-            Source::Stored => return Err(KeyedError::UnknownKey),
-        };
-        config.check_clock(self.shared.wall_clock)?;
-        Ok(config)
-    }
-
-    /// The configuration a key would get now, if any (for forgetting: a bucket is dropped only
-    /// if it would be recreated from the same configuration).
-    fn source_of(&self, key: &K) -> Recreated {
+    /// The configuration `key` would be recreated with, if any (for forgetting: a bucket is
+    /// dropped only if it would be recreated from the same configuration).
+    fn recreated(&self, key: &K) -> Recreated<'_> {
         match &self.shared.source {
-            Source::One(config) => Recreated::With(config.clone()),
-            Source::PerKey(f) => f(key).map_or(Recreated::Never, Recreated::With),
+            Source::One(config) => Recreated::With(config),
+            Source::PerKey(f) => f(key).map_or(Recreated::Never, |c| Recreated::Owned(c)),
             Source::Stored => Recreated::Same,
         }
     }
 
     /// Drops every bucket that a fresh one would replace exactly (see the type's docs),
-    /// returning how many. Runs on its own when the map has doubled since the last sweep and
-    /// when the key cap is reached; call it from a timer to keep the map small between.
+    /// returning how many. The map also sweeps on its own (when it has doubled since the last
+    /// sweep, then sparing buckets touched since that one, and at the key cap); call it from a
+    /// timer to keep the map small between.
     ///
     /// ```
     /// # use bucket4rs_local::{KeyedBucket, ManualClock}; use std::time::Duration;
@@ -411,21 +551,36 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn sweep(&self) -> usize {
-        self.sweep_at(self.shared.clock.now_nanos())
+        let now = self.shared.clock.now_nanos();
+        self.shared.structure.with(|_| self.sweep_locked(now, now))
     }
 
-    fn sweep_at(&self, now: i64) -> usize {
-        let mut dropped = 0;
-        self.shared.map.retain(|key, entry| {
-            let keep = !entry.forgettable(&self.shared.plans, now, &self.source_of(key));
-            dropped += usize::from(!keep);
-            keep
+    /// Forgets every bucket that could be forgotten at `now` and already at `since` (the
+    /// caller holds the structure lock); notes when the next could be.
+    fn sweep_locked(&self, now: i64, since: i64) -> usize {
+        let shared = &*self.shared;
+        let (mut dropped, mut room) = (0, i64::MAX);
+        shared.map.retain(|key, entry| {
+            #[cfg(test)]
+            shared.visited.fetch_add(1, Ordering::Relaxed);
+            match entry.forget(&shared.plans, now, since, &self.recreated(key)) {
+                Ok(forgotten) => {
+                    dropped += usize::from(forgotten);
+                    false
+                }
+                Err(at) => {
+                    room = room.min(at);
+                    true
+                }
+            }
         });
-        let left = self.shared.len.fetch_sub(dropped, Ordering::Relaxed) - dropped;
-        self.shared.next_sweep.store(
+        let left = shared.len.fetch_sub(dropped, Ordering::Relaxed) - dropped;
+        shared.next_sweep.store(
             left.saturating_mul(2).max(MIN_SWEEP_INTERVAL),
             Ordering::Relaxed,
         );
+        shared.swept_at.store(now, Ordering::Relaxed);
+        shared.room_at.store(room, Ordering::Relaxed);
         dropped
     }
 
@@ -443,12 +598,11 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
-    pub fn try_consume<Q>(&self, key: &Q, tokens: u64) -> Result<A::Of<bool>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
+    pub fn try_consume<Q: KeyRef<K> + ?Sized>(
+        &self,
+        key: &Q,
+        tokens: u64,
+    ) -> Result<A::Of<bool>, KeyedError> {
         self.execute(key, ops::TryConsume(tokens))
     }
 
@@ -469,16 +623,11 @@ where
     /// assert_eq!(probe.wait_for_refill(), Duration::from_millis(200));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn try_consume_and_return_remaining<Q>(
+    pub fn try_consume_and_return_remaining<Q: KeyRef<K> + ?Sized>(
         &self,
         key: &Q,
         tokens: u64,
-    ) -> Result<A::Of<ConsumptionProbe>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
+    ) -> Result<A::Of<ConsumptionProbe>, KeyedError> {
         self.execute(key, ops::TryConsumeAndReturnRemaining(tokens))
     }
 
@@ -494,16 +643,11 @@ where
     /// assert!(limiter.estimate_ability_to_consume("k", 5)?.can_be_consumed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn estimate_ability_to_consume<Q>(
+    pub fn estimate_ability_to_consume<Q: KeyRef<K> + ?Sized>(
         &self,
         key: &Q,
         tokens: u64,
-    ) -> Result<A::Of<EstimationProbe>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
+    ) -> Result<A::Of<EstimationProbe>, KeyedError> {
         self.execute(key, ops::EstimateAbilityToConsume(tokens))
     }
 
@@ -520,12 +664,11 @@ where
     /// assert_eq!(limiter.available_tokens("k")?, 2);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn add_tokens<Q>(&self, key: &Q, tokens: u64) -> Result<A::Of<()>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
+    pub fn add_tokens<Q: KeyRef<K> + ?Sized>(
+        &self,
+        key: &Q,
+        tokens: u64,
+    ) -> Result<A::Of<()>, KeyedError> {
         self.execute(key, ops::AddTokens(tokens))
     }
 
@@ -541,12 +684,11 @@ where
     /// assert_eq!(limiter.available_tokens("k")?, 15);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn force_add_tokens<Q>(&self, key: &Q, tokens: u64) -> Result<A::Of<()>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
+    pub fn force_add_tokens<Q: KeyRef<K> + ?Sized>(
+        &self,
+        key: &Q,
+        tokens: u64,
+    ) -> Result<A::Of<()>, KeyedError> {
         self.execute(key, ops::ForceAddTokens(tokens))
     }
 
@@ -563,12 +705,7 @@ where
     /// assert_eq!(limiter.available_tokens("k")?, 5);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn reset<Q>(&self, key: &Q) -> Result<A::Of<()>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
+    pub fn reset<Q: KeyRef<K> + ?Sized>(&self, key: &Q) -> Result<A::Of<()>, KeyedError> {
         self.execute(key, ops::Reset)
     }
 
@@ -583,12 +720,10 @@ where
     /// assert_eq!(limiter.available_tokens("new key")?, 5);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn available_tokens<Q>(&self, key: &Q) -> Result<A::Of<i64>, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
+    pub fn available_tokens<Q: KeyRef<K> + ?Sized>(
+        &self,
+        key: &Q,
+    ) -> Result<A::Of<i64>, KeyedError> {
         self.execute(key, ops::AvailableTokens)
     }
 
@@ -601,43 +736,45 @@ where
         f: impl FnOnce(Option<(&BucketConfiguration, &BucketState)>, i64) -> (T, Update),
     ) -> Result<T, KeyedError>
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
+        Q: KeyRef<K> + ?Sized,
     {
-        let now = self.shared.clock.now_nanos();
-        let (plans, monotonic) = (&self.shared.plans, self.shared.monotonic);
-        // Room is made before the key's shard is locked (a sweep locks every shard).
-        if self.shared.max_keys.is_some_and(|max| self.len() >= max) {
-            self.sweep_at(now);
+        let shared = &*self.shared;
+        let now = shared.clock.now_nanos();
+        // Room is made before the lock is taken (a sweep takes it).
+        if shared.max_keys.is_some_and(|max| self.len() >= max) {
+            shared.structure.with(|_| self.sweep_locked(now, now));
         }
-        let owned: K = key.to_owned().into();
-        let out = match self.shared.map.entry(owned) {
-            MapEntry::Occupied(mut o) => {
-                let Some((config, state)) = o.get().snapshot(plans, now) else {
-                    return Err(KeyedError::UnknownKey);
-                };
-                let (out, update) = f(Some((&config, &state)), now);
-                if let Update::Put(config, state) = update {
-                    *o.get_mut() = Entry::new(plans, &config, state, now, monotonic);
-                }
-                return Ok(out);
-            }
-            MapEntry::Vacant(v) => {
-                let (out, update) = f(None, now);
-                if let Update::Put(config, state) = update {
-                    if !self.count_key() {
-                        return Err(KeyedError::TooManyKeys {
-                            max: self.shared.max_keys.unwrap_or(usize::MAX),
-                        });
+        let out = shared.structure.with(|_| {
+            let current = shared
+                .map
+                .get(key, |e| e.and_then(|e| e.snapshot(&shared.plans, now)));
+            let (out, update) = f(current.as_ref().map(|(c, s)| (c, s)), now);
+            if let Update::Put(config, state) = update {
+                if current.is_none() {
+                    shared.map.remove_if(key, Entry::is_gone);
+                    let room = match shared.max_keys {
+                        None => shared.len.fetch_add(1, Ordering::Relaxed) < usize::MAX,
+                        Some(max) => shared
+                            .len
+                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                (n < max).then_some(n + 1)
+                            })
+                            .is_ok(),
+                    };
+                    if !room {
+                        return Err(self.too_many());
                     }
-                    v.insert(Entry::new(plans, &config, state, now, monotonic));
+                } else {
+                    shared.map.get(key, |e| e.map(Entry::kill));
                 }
-                out
+                let entry = Entry::new(&shared.plans, &config, state, now, shared.monotonic);
+                shared.map.insert(key.to_key(), entry);
             }
-        };
-        if self.len() > self.shared.next_sweep.load(Ordering::Relaxed) {
-            self.sweep_at(now);
+            Ok(out)
+        })?;
+        if self.len() > shared.next_sweep.load(Ordering::Relaxed) {
+            let since = shared.swept_at.load(Ordering::Relaxed);
+            shared.structure.with(|_| self.sweep_locked(now, since));
         }
         Ok(out)
     }
@@ -669,39 +806,49 @@ where
     /// assert_eq!(limiter.available_tokens("k")?, 50);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn replace_configuration<Q>(
+    pub fn replace_configuration<Q: KeyRef<K> + ?Sized>(
         &self,
         key: &Q,
         config: BucketConfiguration,
         strategy: TokensInheritanceStrategy,
-    ) -> Result<(), KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-        Q::Owned: Into<K>,
-    {
+    ) -> Result<(), KeyedError> {
         config.check_clock(self.shared.wall_clock)?;
-        let now = self.shared.clock.now_nanos();
-        let wall = self.shared.wall_clock;
+        let shared = &*self.shared;
+        let now = shared.clock.now_nanos();
+        let wall = shared.wall_clock;
         let replace = |old: &BucketConfiguration, state: &BucketState| {
             let new = state.replace_configuration(old, &config, now, strategy, wall)?;
             Ok((config.clone(), new))
         };
-        let (plans, monotonic) = (&self.shared.plans, self.shared.monotonic);
-        if let Some(mut entry) = self.shared.map.get_mut(key) {
-            return Ok(entry.replace(plans, now, monotonic, replace)?);
-        }
-        // A key without a bucket: its bucket is created and replaced at once.
-        let owned: K = key.to_owned().into();
-        let source = self.configuration_for(&owned)?;
-        let (new_config, state) = replace(&source, &BucketState::new(&source, now))?;
-        self.insert(owned, &new_config, state, now, |entry, stored| {
-            if stored {
-                Ok(())
-            } else {
-                Ok(entry.replace(plans, now, monotonic, replace)?)
+        let (plans, monotonic) = (&shared.plans, shared.monotonic);
+        loop {
+            let replaced = shared.structure.with(|_| {
+                let done = shared.map.get(key, |e| {
+                    e.filter(|e| !e.is_gone())
+                        .map(|e| e.replace(plans, now, monotonic, replace))
+                })?;
+                Some(done.map(|next| {
+                    if let Some(next) = next {
+                        shared.map.insert(key.to_key(), next);
+                    }
+                }))
+            });
+            if let Some(done) = replaced {
+                return Ok(done?);
             }
-        })
+            // A key without a bucket: its bucket is created and replaced at once.
+            let (owned, source) = self.source_for(key)?;
+            let (new_config, state) = replace(&source, &BucketState::new(&source, now))?;
+            if !self.count_key(now) {
+                return Err(self.too_many());
+            }
+            let entry = Entry::new(plans, &new_config, state, now, monotonic);
+            let owned = owned.unwrap_or_else(|| key.to_key());
+            if shared.map.try_insert(owned, entry, |stored| stored.is_ok()) {
+                return Ok(());
+            }
+            shared.len.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// `key`'s configuration and state (refilled to now where the bucket keeps no last refill
@@ -715,14 +862,13 @@ where
     /// assert_eq!(limiter.snapshot("k").expect("stored").state().bandwidths()[0].tokens(), 3);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn snapshot<Q>(&self, key: &Q) -> Option<BucketSnapshot>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
+    pub fn snapshot<Q: KeyRef<K> + ?Sized>(&self, key: &Q) -> Option<BucketSnapshot> {
         let now = self.shared.clock.now_nanos();
-        let entry = self.shared.map.get(key)?;
-        let (config, state) = entry.snapshot(&self.shared.plans, now)?;
+        let plans = &self.shared.plans;
+        let (config, state) = self
+            .shared
+            .map
+            .get(key, |e| e.and_then(|e| e.snapshot(plans, now)))?;
         Some(BucketSnapshot::new(config, state))
     }
 
@@ -736,16 +882,19 @@ where
     /// assert_eq!(limiter.available_tokens("k")?, 5);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn remove<Q>(&self, key: &Q) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let removed = self.shared.map.remove(key).is_some();
-        if removed {
-            self.shared.len.fetch_sub(1, Ordering::Relaxed);
-        }
-        removed
+    pub fn remove<Q: KeyRef<K> + ?Sized>(&self, key: &Q) -> bool {
+        let shared = &*self.shared;
+        shared.structure.with(|_| {
+            let mut killed = false;
+            shared.map.remove_if(key, |e| {
+                killed |= e.kill();
+                true
+            });
+            if killed {
+                shared.len.fetch_sub(1, Ordering::Relaxed);
+            }
+            killed
+        })
     }
 
     /// The verbose view: the same operations, each answering a [`VerboseResult`] with the
@@ -821,37 +970,11 @@ impl<K, C, L, S, A> KeyedBucket<K, C, L, S, A> {
     }
 }
 
-/// `run` on an entry the caller holds exclusively: a compact entry whose new state does not
-/// fit its word becomes a synchronized bucket first.
-fn exclusive<T>(
-    entry: &mut Entry,
-    plans: &Plans,
-    now: i64,
-    run: &impl Fn(&Entry, &Plans) -> Result<T, Stop>,
-) -> Result<T, KeyedError> {
-    match run(entry, plans) {
-        Err(Stop::Upgrade) => {
-            entry.upgrade(plans, now);
-            run(entry, plans).map_err(stop)
-        }
-        other => other.map_err(stop),
-    }
-}
-
-/// Maps an in-place stop that is not an upgrade to the keyed error.
+/// Maps an in-place stop on an entry nobody else sees to the keyed error.
 fn stop(s: Stop) -> KeyedError {
     match s {
         Stop::Invalid(e) => KeyedError::Operation(e),
-        // Only asked after an upgrade, which a general entry never needs.
-        Stop::Upgrade => KeyedError::Operation(OperationError::StateMismatch),
-    }
-}
-
-#[cfg(all(test, not(bucket4rs_loom)))]
-mod tests {
-    #[test]
-    fn an_entry_is_sixteen_bytes() {
-        // A key's whole bucket beside its key in the map: the memory figure per key rests on it.
-        assert_eq!(core::mem::size_of::<super::Entry>(), 16);
+        // Only asked of a general entry, which neither needs an upgrade nor is ever gone.
+        Stop::Upgrade | Stop::Gone => KeyedError::Operation(OperationError::StateMismatch),
     }
 }

@@ -43,7 +43,7 @@ impl Exclusive for RefCell<Inner> {
 
 /// Runs `op` in place: the single-bandwidth shortcut when it applies, else the general engine.
 #[inline]
-fn run<O: Operation>(
+pub(crate) fn run<O: Operation>(
     op: &O,
     config: &BucketConfiguration,
     state: &mut BucketState,

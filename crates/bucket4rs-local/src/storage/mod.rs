@@ -11,6 +11,7 @@ mod lock_free;
 pub(crate) mod word;
 
 pub use any::{AnyStorage, SynchronizationStrategy, UnknownStrategy};
+pub(crate) use exclusive::run as run_exclusive;
 pub use exclusive::{Synchronized, Unsynchronized};
 pub use lock_free::LockFree;
 

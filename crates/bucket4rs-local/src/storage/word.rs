@@ -105,6 +105,12 @@ impl CompactWord {
             .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
     }
 
+    /// Replaces the word with `new` whatever it holds; answers what it held.
+    #[inline]
+    pub(crate) fn swap_any(&self, new: u64) -> u64 {
+        self.0.swap(new, Ordering::AcqRel)
+    }
+
     /// Runs `op` on the word at reading `now`: the common case — a value, the GCRA step, no
     /// lost race — inline, in one load and at most one compare-and-swap; everything else
     /// ([`run_loop`](Self::run_loop): retries with backoff, operations decoded and planned by the
