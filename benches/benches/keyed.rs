@@ -1,10 +1,19 @@
 //! Keyed limiters: one bucket per key, `String` keys on both sides. bucket4rs-local's
-//! `KeyedBucket` next to governor's `DefaultKeyedRateLimiter<String>` (both a dashmap of the
-//! key to a 64-bit GCRA word), at 1 and 10,000 keys and 1 and 2 threads, on the success and the
-//! denied paths; `KeyedBucket (SipHash)` is the same limiter on std's `RandomState`, governor's
-//! hasher, which separates the hasher from the rest. The keys are rendered once (`"k0"`,
-//! `"k1"`, …) and visited round-robin, each thread from its own offset; every run checks that
-//! every call was answered as expected (all allowed, all refused) and that no key was dropped.
+//! `KeyedBucket` (papaya's map of the key to a 64-bit GCRA word) next to governor's
+//! `DefaultKeyedRateLimiter<String>` (a dashmap of the key to a 64-bit GCRA word), at 1, 10,000
+//! and 100,000 keys and 1 and 2 threads, in three regimes: busy keys allowed (`keyed/success`:
+//! a limit no key fills up again), busy keys refused (`keyed/rejection`), and light keys
+//! (`keyed/light`: a limit that refills faster than a key comes back, so every bucket is full,
+//! and may be forgotten, between two visits; every call allowed). `KeyedBucket (SipHash)` is
+//! the same limiter on std's `RandomState`, governor's hasher, which separates the hasher from
+//! the rest. The keys are rendered once (`"k0"`, `"k1"`, …) and visited round-robin, each thread
+//! from its own offset; every run checks that every call was answered as expected (all
+//! allowed, all refused) and, for busy keys, that no key was dropped.
+//!
+//! `keyed/cap`: a `KeyedBucket` whose key cap is full of buckets that can never be forgotten,
+//! at 1,000, 100,000 and 1,000,000 keys: the time of a new key refused at the cap beside the
+//! time of a known key's call, one thread (flat in the map's size when the cap costs no sweep
+//! per refused key).
 //!
 //! Then the Redis and PostgreSQL backends when built with `--features redis,postgres` and the
 //! server answers (`BUCKET4RS_REDIS_URL`, `BUCKET4RS_POSTGRES_URL`); otherwise the run notes
@@ -14,15 +23,17 @@ use std::hash::RandomState;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 use std::hint::black_box;
 
+use bucket4rs_benches::KEYED_CAPACITY;
 use bucket4rs_benches::{
-    governor_never_dry, governor_slow, keyed_label, keyed_never_dry, keyed_slow, keys, note,
-    run_threads_over,
+    governor_light, governor_never_dry, governor_slow, keyed_label, keyed_light, keyed_never_dry,
+    keyed_slow, keys, note, run_threads_over,
 };
-use bucket4rs_local::{KeyedBucket, KeyedBucketBuilder};
+use bucket4rs_local::{KeyedBucket, KeyedBucketBuilder, KeyedError};
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput, measurement::WallTime};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-const KEYS: [usize; 2] = [1, 10_000];
+const KEYS: [usize; 3] = [1, 10_000, 100_000];
+const CAP_KEYS: [usize; 3] = [1_000, 100_000, 1_000_000];
 const THREADS: [usize; 2] = [1, 2];
 
 pub(crate) fn bench(c: &mut Criterion) {
@@ -34,6 +45,14 @@ pub(crate) fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("keyed/rejection");
     g.throughput(Throughput::Elements(1));
     matrix(&mut g, &all, &Path::Rejection);
+    g.finish();
+    let mut g = c.benchmark_group("keyed/light");
+    g.throughput(Throughput::Elements(1));
+    matrix(&mut g, &all, &Path::Light);
+    g.finish();
+    let mut g = c.benchmark_group("keyed/cap");
+    g.throughput(Throughput::Elements(1));
+    cap(&mut g);
     g.finish();
     // Network round trips take 0.05–5 ms: 10 samples are plenty, and keep a full run short.
     let mut g = c.benchmark_group("keyed_remote/try_consume");
@@ -50,6 +69,9 @@ enum Path {
     Success,
     /// One token an hour, taken from every key before measuring: every call refused.
     Rejection,
+    /// A limit that refills faster than a key comes back: every call allowed, every bucket
+    /// forgettable between two visits.
+    Light,
 }
 
 impl Path {
@@ -57,6 +79,7 @@ impl Path {
         match self {
             Self::Success => keyed_never_dry(),
             Self::Rejection => keyed_slow(),
+            Self::Light => keyed_light(),
         }
     }
 
@@ -64,11 +87,17 @@ impl Path {
         match self {
             Self::Success => governor_never_dry(),
             Self::Rejection => governor_slow(),
+            Self::Light => governor_light(),
         }
     }
 
     fn allowed(&self) -> bool {
-        matches!(self, Self::Success)
+        !matches!(self, Self::Rejection)
+    }
+
+    /// Whether every key's bucket must stay stored (a light key's may be forgotten).
+    fn kept(&self) -> bool {
+        !matches!(self, Self::Light)
     }
 }
 
@@ -95,7 +124,10 @@ fn matrix(g: &mut BenchmarkGroup<'_, WallTime>, all: &[String], path: &Path) {
                     )
                 });
             });
-            assert_eq!(ours.len(), n, "KeyedBucket dropped a key mid-run");
+            assert!(
+                ours.len() == n || !path.kept(),
+                "KeyedBucket dropped a key mid-run"
+            );
 
             let sip: KeyedBucket<String, _, _, RandomState> = path
                 .keyed()
@@ -114,7 +146,10 @@ fn matrix(g: &mut BenchmarkGroup<'_, WallTime>, all: &[String], path: &Path) {
                     )
                 });
             });
-            assert_eq!(sip.len(), n, "KeyedBucket (SipHash) dropped a key mid-run");
+            assert!(
+                sip.len() == n || !path.kept(),
+                "KeyedBucket (SipHash) dropped a key mid-run"
+            );
 
             let gov: DefaultKeyedRateLimiter<String> = RateLimiter::dashmap(path.quota());
             prepare(keys, path, |k| gov.check_key(k).is_ok());
@@ -158,6 +193,50 @@ fn measure(
         if allowed { "allowed" } else { "refused" }
     );
     time
+}
+
+/// A refused new key and a known key's call on a map whose key cap is full of buckets that can
+/// never be forgotten (they start short of capacity), at each size of [`CAP_KEYS`].
+fn cap(g: &mut BenchmarkGroup<'_, WallTime>) {
+    let fresh = keys(100_000);
+    let fresh: Vec<String> = fresh.iter().map(|k| format!("new-{k}")).collect();
+    for n in CAP_KEYS {
+        let keyed: KeyedBucket<String> = KeyedBucket::builder()
+            .add_limit(|l| {
+                l.capacity(KEYED_CAPACITY)
+                    .refill_greedy(1, std::time::Duration::from_secs(1))
+                    .initial_tokens(KEYED_CAPACITY / 2)
+            })
+            .max_keys(n)
+            .build()
+            .expect("config");
+        let stored = keys(n);
+        for k in &stored {
+            assert!(
+                keyed.try_consume(k.as_str(), 1).expect("room"),
+                "{k} refused"
+            );
+        }
+        assert_eq!(keyed.len(), n);
+        g.bench_function(BenchmarkId::new("refused new key", n), |b| {
+            b.iter_custom(|iters| {
+                measure(1, iters, &fresh, false, |k| {
+                    matches!(
+                        keyed.try_consume(k.as_str(), 1),
+                        Err(KeyedError::TooManyKeys { .. })
+                    )
+                })
+            });
+        });
+        g.bench_function(BenchmarkId::new("known key", n), |b| {
+            b.iter_custom(|iters| {
+                measure(1, iters, &stored, true, |k| {
+                    matches!(keyed.try_consume(k.as_str(), 1), Ok(true))
+                })
+            });
+        });
+        assert_eq!(keyed.len(), n);
+    }
 }
 
 #[cfg(not(feature = "redis"))]

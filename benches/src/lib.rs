@@ -405,6 +405,29 @@ pub fn governor_slow() -> governor::Quota {
     governor::Quota::per_hour(NonZeroU32::MIN)
 }
 
+/// Capacity of the light keys' limit, on both sides.
+pub const LIGHT_CAPACITY: u64 = 1_000;
+
+/// A keyed bucket of light keys: [`LIGHT_CAPACITY`] tokens refilling one a nanosecond, so a key
+/// is full again (and may be forgotten) by the time it comes back, however soon; every call is
+/// allowed. The regime of a per-client limit most clients stay well under.
+pub fn keyed_light<K>() -> KeyedBucketBuilder<K> {
+    KeyedBucket::builder().add_limit(|l| {
+        l.capacity(LIGHT_CAPACITY)
+            .refill_greedy(PER_SECOND, Duration::from_secs(1))
+    })
+}
+
+/// governor's quota of the same limit as [`keyed_light`]: a burst of [`LIGHT_CAPACITY`] cells,
+/// one a nanosecond.
+#[must_use]
+pub fn governor_light() -> governor::Quota {
+    let burst = NonZeroU32::new(LIGHT_CAPACITY as u32).expect("non-zero");
+    governor::Quota::with_period(Duration::from_nanos(1))
+        .expect("non-zero period")
+        .allow_burst(burst)
+}
+
 /// A criterion parameter for a keyed benchmark: `"10000 keys, 2 threads"`, the thread count
 /// labelled as by [`threads_label`].
 #[must_use]

@@ -526,7 +526,7 @@ where
     fn recreated(&self, key: &K) -> Recreated<'_> {
         match &self.shared.source {
             Source::One(config) => Recreated::With(config),
-            Source::PerKey(f) => f(key).map_or(Recreated::Never, |c| Recreated::Owned(c)),
+            Source::PerKey(f) => f(key).map_or(Recreated::Never, Recreated::Owned),
             Source::Stored => Recreated::Same,
         }
     }
