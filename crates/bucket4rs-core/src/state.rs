@@ -355,7 +355,7 @@ impl CompactForm {
     }
 
     /// Runs `op` on compact value `u` at reading `now`. Only operations with a fixed take
-    /// ([`Operation::take`], try_consume) run here, as the GCRA's step: with
+    /// (`try_consume`: a fixed number of tokens, taken or not) run here, as the GCRA's step: with
     /// `p = (now − base) × rate`, `u' = max(u, p) + need`, taken when `u' − p <= capacity`,
     /// that is when `p >= u − (capacity − need)`, a bound computed without the reading.
     /// Between the clock reading and the decision that is one comparison, and to the new value

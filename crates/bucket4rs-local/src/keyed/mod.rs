@@ -740,8 +740,11 @@ where
     {
         let shared = &*self.shared;
         let now = shared.clock.now_nanos();
-        // Room is made before the lock is taken (a sweep takes it).
-        if shared.max_keys.is_some_and(|max| self.len() >= max) {
+        // Room is made before the lock is taken (a sweep takes it), unless the last sweep
+        // found that none can be made yet.
+        if shared.max_keys.is_some_and(|max| self.len() >= max)
+            && now >= shared.room_at.load(Ordering::Relaxed)
+        {
             shared.structure.with(|_| self.sweep_locked(now, now));
         }
         let out = shared.structure.with(|_| {
