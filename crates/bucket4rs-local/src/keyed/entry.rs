@@ -55,16 +55,14 @@ impl Entry {
         now: i64,
         monotonic: bool,
     ) -> Self {
-        if let (true, [b], [st]) = (monotonic, config.bandwidths(), state.bandwidths()) {
-            if let Some(i) = plans.intern(config, now) {
-                let plan = plans.get(i);
-                if let Some(w) = plan.and_then(|p| word::encode(&p.form, b, *st)) {
-                    return Self::Compact {
-                        plan: i,
-                        word: CompactWord::new(w),
-                    };
-                }
-            }
+        if let (true, [b], [st]) = (monotonic, config.bandwidths(), state.bandwidths())
+            && let Some(i) = plans.intern(config, now)
+            && let Some(w) = plans.get(i).and_then(|p| word::encode(&p.form, b, *st))
+        {
+            return Self::Compact {
+                plan: i,
+                word: CompactWord::new(w),
+            };
         }
         Self::general(config.clone(), state)
     }
@@ -244,10 +242,10 @@ impl Entry {
 
     /// Makes an entry no other thread can see a general one holding the same state at `now`.
     pub(crate) fn upgrade_unshared(&mut self, plans: &Plans, now: i64) {
-        if let Self::Compact { .. } = self {
-            if let Some((config, state)) = self.snapshot(plans, now) {
-                *self = Self::general(config, state);
-            }
+        if let Self::Compact { .. } = self
+            && let Some((config, state)) = self.snapshot(plans, now)
+        {
+            *self = Self::general(config, state);
         }
     }
 

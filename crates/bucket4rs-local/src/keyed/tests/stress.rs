@@ -74,7 +74,7 @@ fn no_key_is_granted_more_than_its_limit_while_the_map_changes() {
             while !done.load(Ordering::Relaxed) {
                 k = 1_000 + (k + 1) % 16;
                 let _ = keyed.try_consume(&k, 1);
-                if k % 2 == 0 {
+                if k.is_multiple_of(2) {
                     let _ = keyed.replace_configuration(
                         &k,
                         other.clone(),
