@@ -405,8 +405,10 @@ pub fn governor_slow() -> governor::Quota {
     governor::Quota::per_hour(NonZeroU32::MIN)
 }
 
-/// Capacity of the light keys' limit, on both sides.
-pub const LIGHT_CAPACITY: u64 = 1_000;
+/// Capacity of the light keys' limit, on both sides: a second's refill, so that a thread
+/// preempted between its clock reading and its update (whose reading is then older than the
+/// bucket's last change) still finds its token; a smaller burst would refuse such a call.
+pub const LIGHT_CAPACITY: u64 = 1_000_000_000;
 
 /// A keyed bucket of light keys: [`LIGHT_CAPACITY`] tokens refilling one a nanosecond, so a key
 /// is full again (and may be forgotten) by the time it comes back, however soon; every call is
