@@ -26,7 +26,10 @@ pub enum KeyedError {
     /// The operation's arguments are invalid, as for a [`Bucket`](crate::Bucket).
     Operation(OperationError),
     /// The key has no bucket, and the map holds its maximum number of keys, none of which
-    /// could be forgotten.
+    /// could be forgotten when the map last looked: a sweep at the cap that frees nothing
+    /// notes when the first kept bucket could go, and new keys are refused without another
+    /// look until then (a bucket filled early by `add_tokens` or `reset` waits for that sweep,
+    /// or for [`KeyedBucket::sweep`](super::KeyedBucket::sweep)); a removal makes room at once.
     TooManyKeys {
         /// The cap ([`KeyedBucketBuilder::max_keys`]).
         max: usize,

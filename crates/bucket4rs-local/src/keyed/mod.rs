@@ -42,6 +42,7 @@ use core::borrow::Borrow;
 use core::fmt;
 use core::hash::{BuildHasher, Hash};
 use core::marker::PhantomData;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use bucket4rs_core::ops::{self, Operation};
@@ -357,7 +358,7 @@ where
         match self.shared.map.get(key, |e| e.map(|e| run(e, plans))) {
             Some(Ok(out)) => Ok(out),
             Some(Err(Stop::Invalid(e))) => Err(e.into()),
-            _ => self.run_slow(key, now, &run),
+            found => self.run_slow(key, now, &run, found.is_none()),
         }
     }
 
@@ -370,11 +371,16 @@ where
         key: &Q,
         now: i64,
         run: &impl Fn(&Entry, &Plans) -> Result<T, Stop>,
+        absent: bool,
     ) -> Result<T, KeyedError>
     where
         Q: KeyRef<K> + ?Sized,
     {
         let shared = &*self.shared;
+        // The lookup that found no entry need not be repeated.
+        if absent && let Some(out) = self.run_absent(key, now, run)? {
+            return Ok(out);
+        }
         loop {
             match shared.map.get(key, |e| e.map(|e| run(e, &shared.plans))) {
                 Some(Ok(out)) => return Ok(out),
@@ -404,9 +410,10 @@ where
     {
         let shared = &*self.shared;
         let (owned, config) = self.source_for(key)?;
-        let fresh = BucketState::new(&config, now);
+        let config = &*config;
+        let fresh = BucketState::new(config, now);
         // Nobody else sees this entry until it is stored: the operation runs on it first.
-        let mut entry = Entry::new(&shared.plans, &config, fresh.clone(), now, shared.monotonic);
+        let mut entry = Entry::new(&shared.plans, config, fresh.clone(), now, shared.monotonic);
         let before = entry.word();
         let out = match run(&entry, &shared.plans) {
             Err(Stop::Upgrade) => {
@@ -422,7 +429,7 @@ where
                 .is_some_and(|(_, s)| s == fresh),
         };
         // Left as a fresh bucket that could be forgotten: nothing to store.
-        if unchanged && fresh.forgettable_at(&config, now) == Some(now) {
+        if unchanged && fresh.forgettable_at(config, now) == Some(now) {
             return Ok(Some(out));
         }
         if !self.count_key(now) {
@@ -470,14 +477,15 @@ where
     fn source_for<Q: KeyRef<K> + ?Sized>(
         &self,
         key: &Q,
-    ) -> Result<(Option<K>, BucketConfiguration), KeyedError> {
+    ) -> Result<(Option<K>, Cow<'_, BucketConfiguration>), KeyedError> {
         match &self.shared.source {
-            Source::One(config) => Ok((None, config.clone())),
+            // Borrowed: no count of the shared configuration moves per new key.
+            Source::One(config) => Ok((None, Cow::Borrowed(config))),
             Source::PerKey(f) => {
                 let owned = key.to_key();
                 let config = f(&owned).ok_or(KeyedError::UnknownKey)?;
                 config.check_clock(self.shared.wall_clock)?;
-                Ok((Some(owned), config))
+                Ok((Some(owned), Cow::Owned(config)))
             }
             Source::Stored => Err(KeyedError::UnknownKey),
         }

@@ -35,6 +35,7 @@ fn no_key_is_granted_more_than_its_limit_while_the_map_changes() {
         AtomicUsize::new(0),
         AtomicUsize::new(0),
     );
+    let flooded = AtomicUsize::new(0);
     let done = AtomicBool::new(false);
     let barrier = Barrier::new(CONSUMERS + 4);
     std::thread::scope(|s| {
@@ -90,8 +91,14 @@ fn no_key_is_granted_more_than_its_limit_while_the_map_changes() {
             let mut k = 1_000_000_u64;
             while !done.load(Ordering::Relaxed) {
                 k += 1;
-                if let Err(KeyedError::TooManyKeys { .. }) = keyed.try_consume(&k, 1) {
-                    refused.fetch_add(1, Ordering::Relaxed);
+                match keyed.try_consume(&k, 1) {
+                    Err(KeyedError::TooManyKeys { .. }) => {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(true) => {
+                        flooded.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => panic!("a new key: {other:?}"),
                 }
             }
         });
@@ -134,8 +141,10 @@ fn no_key_is_granted_more_than_its_limit_while_the_map_changes() {
         assert!(g > CAPACITY, "key {k} was served ({g})");
     }
     // The run did what it is for: buckets were forgotten, keys removed, new keys refused.
+    // More new keys were stored than the cap holds: buckets were forgotten to make room (by
+    // the sweeper or by the cap's own sweeps).
     assert!(
-        forgotten.load(Ordering::Relaxed) > 0,
+        flooded.load(Ordering::Relaxed) > 64 || forgotten.load(Ordering::Relaxed) > 0,
         "nothing was forgotten"
     );
     assert!(removed.load(Ordering::Relaxed) > 0, "nothing was removed");
