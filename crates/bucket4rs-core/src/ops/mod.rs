@@ -42,10 +42,19 @@ pub use verbose::Verbose;
 /// on each access (still without allocating).
 const INLINE: usize = 2;
 
-/// A read-only view of a bucket's state, refilled to `now`, that operations plan on.
-// Hidden: part of `Operation`'s planning, which only the operations of this module implement
-// (and bucket4rs-tower's `store::Take` until #29 removes it; then the trait is sealed).
-#[doc(hidden)]
+/// A read-only view of a bucket's state, refilled to `now`: what operations plan on, and what a
+/// caller that keeps a state reads its tokens and waits from (the HTTP layer computes its
+/// `RateLimit` fields on it) without running an operation.
+///
+/// ```
+/// use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::Refilled};
+/// use core::time::Duration;
+/// let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10, Duration::from_secs(1))?).build()?;
+/// let state = BucketState::new(&config, 0);
+/// let view = Refilled::new(&config, 0, |i| state.bandwidths()[i]);
+/// assert_eq!((view.available(), view.reset_wait(4)), (10, 400_000_000));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Refilled<'a, R> {
     config: &'a BucketConfiguration,
@@ -220,8 +229,7 @@ impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
 /// assert_eq!(s.tokens(), 10);
 /// # Ok::<(), bucket4rs_core::ConfigError>(())
 /// ```
-// Hidden: part of `Operation`'s planning, which only the operations of this module implement
-// (and bucket4rs-tower's `store::Take` until #29 removes it; then the trait is sealed).
+// Hidden: part of `Operation`'s planning, which only the operations of this module implement.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -315,7 +323,7 @@ pub trait Operation {
     ///
     /// # Errors
     /// An [`OperationError`] for invalid arguments or an impossible reservation.
-    // Hidden: planning, implemented by this module's operations only (see `Refilled`).
+    // Hidden: planning, implemented by this module's operations only (see `Mutation`).
     #[doc(hidden)]
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
@@ -342,14 +350,14 @@ pub trait Operation {
 
     /// Whether [`plan_single`](Operation::plan_single) is implemented (a compile-time switch,
     /// so operations without a shortcut pay nothing for it).
-    // Hidden: planning, implemented by this module's operations only (see `Refilled`).
+    // Hidden: planning, implemented by this module's operations only (see `Mutation`).
     #[doc(hidden)]
     const HAS_SINGLE: bool = false;
 
     /// A shortcut for a bucket with a single bandwidth `b` whose refilled state is `s`: the
     /// same result as [`plan`](Operation::plan), computed directly, with the new state when it
     /// changes. `None` (the default) means "use `plan`".
-    // Hidden: planning, implemented by this module's operations only (see `Refilled`).
+    // Hidden: planning, implemented by this module's operations only (see `Mutation`).
     #[doc(hidden)]
     #[inline]
     fn plan_single(
@@ -372,7 +380,7 @@ pub trait Operation {
     /// let take = TryConsume(3).take().expect("try_consume takes");
     /// assert_eq!((take.tokens, take.taken, take.refused), (Ok(3), true, false));
     /// ```
-    // Hidden: planning, implemented by this module's operations only (see `Refilled`).
+    // Hidden: planning, implemented by this module's operations only (see `Mutation`).
     #[doc(hidden)]
     #[inline]
     fn take(&self) -> Option<Take<Self::Output>> {
@@ -380,7 +388,7 @@ pub trait Operation {
     }
 
     /// Whether [`plan_scaled`](Operation::plan_scaled) is implemented (a compile-time switch).
-    // Hidden: planning, implemented by this module's operations only (see `Refilled`).
+    // Hidden: planning, implemented by this module's operations only (see `Mutation`).
     #[doc(hidden)]
     const HAS_SCALED: bool = false;
 
@@ -388,7 +396,7 @@ pub trait Operation {
     /// `s` (see `ScaledState`): the same result as [`plan_single`](Operation::plan_single),
     /// computed without division. `None` (the default, or when a value does not fit) means
     /// "decode and use `plan_single`".
-    // Hidden: planning, implemented by this module's operations only (see `Refilled`).
+    // Hidden: planning, implemented by this module's operations only (see `Mutation`).
     #[doc(hidden)]
     #[inline]
     fn plan_scaled(&self, _b: &Bandwidth, _s: ScaledState) -> Option<Scaled<Self::Output>> {
@@ -603,7 +611,7 @@ where
 /// # use bucket4rs_core::{OperationError, ops::{Operation, TryConsume}};
 /// assert_eq!(TryConsume(0).take().map(|t| t.tokens), Some(Err(OperationError::ZeroTokens)));
 /// ```
-// Hidden: the output of `Operation::take`, part of the planning (see `Refilled`).
+// Hidden: the output of `Operation::take`, part of the planning (see `Mutation`).
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Take<T> {
