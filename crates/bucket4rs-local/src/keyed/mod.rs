@@ -500,12 +500,18 @@ where
             return true;
         };
         let take = || {
-            shared
+            let taken = shared
                 .len
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                     (n < max).then_some(n + 1)
                 })
-                .is_ok()
+                .is_ok();
+            // A bucket stored after the last sweep may be forgettable before the reading
+            // that sweep noted: the next refusal at the cap looks again.
+            if taken && shared.room_at.load(Ordering::Relaxed) > now {
+                shared.room_at.store(now, Ordering::Relaxed);
+            }
+            taken
         };
         if take() {
             return true;
@@ -765,12 +771,18 @@ where
                     shared.map.remove_if(key, Entry::is_gone);
                     let room = match shared.max_keys {
                         None => shared.len.fetch_add(1, Ordering::Relaxed) < usize::MAX,
-                        Some(max) => shared
-                            .len
-                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                                (n < max).then_some(n + 1)
-                            })
-                            .is_ok(),
+                        Some(max) => {
+                            let taken = shared
+                                .len
+                                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                    (n < max).then_some(n + 1)
+                                })
+                                .is_ok();
+                            if taken && shared.room_at.load(Ordering::Relaxed) > now {
+                                shared.room_at.store(now, Ordering::Relaxed);
+                            }
+                            taken
+                        }
                     };
                     if !room {
                         return Err(self.too_many());

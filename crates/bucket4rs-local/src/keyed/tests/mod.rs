@@ -101,6 +101,11 @@ mod unit {
         assert_eq!(visited(), 200);
         assert_eq!(keyed.len(), 100);
         assert!(keyed.snapshot(&0).is_none());
+        // The new key's bucket can go at 2 s, as key 1's: the next refusal looks again then.
+        clock.advance(Duration::from_secs(1));
+        assert!(keyed.try_consume(&3_000, 1).expect("valid"));
+        assert_eq!(visited(), 300);
+        assert!(keyed.snapshot(&1).is_none() && keyed.snapshot(&2_000).is_none());
     }
 
     #[test]
