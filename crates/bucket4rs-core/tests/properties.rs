@@ -12,7 +12,7 @@
 //! Failures are persisted next to this file in `properties.proptest-regressions`.
 
 use bucket4rs_core::forms::ScaledState;
-use bucket4rs_core::ops::{self, Mutation, Refilled};
+use bucket4rs_core::ops::{self, Refilled};
 use bucket4rs_core::{
     Bandwidth, BandwidthState, BucketConfiguration, BucketState, ConfigError, ConsumptionProbe,
     EstimationProbe, OperationError, RefillKind, TokensInheritanceStrategy,
@@ -1131,11 +1131,11 @@ proptest! {
             for t in [MIN, -1, 0, MAX] {
                 let _ = view_tokens(&config, &state, t);
             }
-            for (b, s) in config.bandwidths().iter().zip(state.bandwidths()) {
-                for m in [Mutation::Consume(n), Mutation::AddTokens(n), Mutation::ForceAddTokens(n), Mutation::Reset] {
-                    let _ = m.apply(b, *s);
-                }
-            }
+            // Every mutation applies to any state without panicking.
+            let _ = state.clone().apply(&config, now, &ops::ConsumeIgnoringRateLimits(n));
+            let _ = state.clone().apply(&config, now, &ops::AddTokens(n));
+            let _ = state.clone().apply(&config, now, &ops::ForceAddTokens(n));
+            let _ = state.clone().apply(&config, now, &ops::Reset);
         }
         let mut s = state.clone();
         match s.apply(&config, now, &ops::TryConsumeAndReturnRemaining(n)) {

@@ -2,7 +2,7 @@
 
 use core::time::Duration;
 
-use super::{Mutation, Operation, Refilled, Scaled, Single, Take, check_tokens};
+use super::{Mutation, Operation, Planning, Refilled, Scaled, Single, Take, check_tokens};
 use crate::config::Bandwidth;
 use crate::error::OperationError;
 use crate::listener::BucketListener;
@@ -24,6 +24,16 @@ pub struct TryConsume(pub u64);
 
 impl Operation for TryConsume {
     type Output = bool;
+    fn notify<L: BucketListener + ?Sized>(&self, consumed: &bool, listener: &L) {
+        if *consumed {
+            listener.on_consumed(self.0)
+        } else {
+            listener.on_rejected(self.0)
+        }
+    }
+}
+
+impl Planning<bool> for TryConsume {
     const HAS_SINGLE: bool = true;
     #[inline]
     fn plan<R: Fn(usize) -> BandwidthState>(
@@ -35,13 +45,6 @@ impl Operation for TryConsume {
             Ok((true, Some(Mutation::Consume(n))))
         } else {
             Ok((false, None))
-        }
-    }
-    fn notify<L: BucketListener + ?Sized>(&self, consumed: &bool, listener: &L) {
-        if *consumed {
-            listener.on_consumed(self.0)
-        } else {
-            listener.on_rejected(self.0)
         }
     }
     #[inline]
@@ -241,6 +244,16 @@ pub struct TryConsumeAndReturnRemaining(pub u64);
 
 impl Operation for TryConsumeAndReturnRemaining {
     type Output = ConsumptionProbe;
+    fn notify<L: BucketListener + ?Sized>(&self, probe: &ConsumptionProbe, listener: &L) {
+        if probe.consumed {
+            listener.on_consumed(self.0)
+        } else {
+            listener.on_rejected(self.0)
+        }
+    }
+}
+
+impl Planning<ConsumptionProbe> for TryConsumeAndReturnRemaining {
     const HAS_SINGLE: bool = true;
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
@@ -260,13 +273,6 @@ impl Operation for TryConsumeAndReturnRemaining {
                 view.reset_wait(0),
             );
             Ok((probe, None))
-        }
-    }
-    fn notify<L: BucketListener + ?Sized>(&self, probe: &ConsumptionProbe, listener: &L) {
-        if probe.consumed {
-            listener.on_consumed(self.0)
-        } else {
-            listener.on_rejected(self.0)
         }
     }
     #[inline]
@@ -373,6 +379,9 @@ pub struct EstimateAbilityToConsume(pub u64);
 
 impl Operation for EstimateAbilityToConsume {
     type Output = EstimationProbe;
+}
+
+impl Planning<EstimationProbe> for EstimateAbilityToConsume {
     const HAS_SINGLE: bool = true;
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
@@ -425,6 +434,14 @@ pub struct TryConsumeAsMuchAsPossible(pub Option<u64>);
 
 impl Operation for TryConsumeAsMuchAsPossible {
     type Output = u64;
+    fn notify<L: BucketListener + ?Sized>(&self, consumed: &u64, listener: &L) {
+        if *consumed > 0 {
+            listener.on_consumed(*consumed);
+        }
+    }
+}
+
+impl Planning<u64> for TryConsumeAsMuchAsPossible {
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
         view: &Refilled<'_, R>,
@@ -440,11 +457,6 @@ impl Operation for TryConsumeAsMuchAsPossible {
         }
         let c = limit.min(a as u64);
         Ok((c, Some(Mutation::Consume(c))))
-    }
-    fn notify<L: BucketListener + ?Sized>(&self, consumed: &u64, listener: &L) {
-        if *consumed > 0 {
-            listener.on_consumed(*consumed);
-        }
     }
 }
 
@@ -464,6 +476,12 @@ pub struct ConsumeIgnoringRateLimits(pub u64);
 
 impl Operation for ConsumeIgnoringRateLimits {
     type Output = u64;
+    fn notify<L: BucketListener + ?Sized>(&self, _wait: &u64, listener: &L) {
+        listener.on_consumed(self.0);
+    }
+}
+
+impl Planning<u64> for ConsumeIgnoringRateLimits {
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
         view: &Refilled<'_, R>,
@@ -474,9 +492,6 @@ impl Operation for ConsumeIgnoringRateLimits {
             return Err(OperationError::WaitTooLong);
         }
         Ok((w, Some(Mutation::Consume(n))))
-    }
-    fn notify<L: BucketListener + ?Sized>(&self, _wait: &u64, listener: &L) {
-        listener.on_consumed(self.0);
     }
 }
 
@@ -504,6 +519,15 @@ pub struct Reserve {
 
 impl Operation for Reserve {
     type Output = Option<u64>;
+    fn notify<L: BucketListener + ?Sized>(&self, out: &Option<u64>, listener: &L) {
+        match out {
+            Some(_) => listener.on_consumed(self.tokens),
+            None => listener.on_rejected(self.tokens),
+        }
+    }
+}
+
+impl Planning<Option<u64>> for Reserve {
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
         view: &Refilled<'_, R>,
@@ -517,11 +541,5 @@ impl Operation for Reserve {
             return Ok((None, None));
         }
         Ok((Some(w), Some(Mutation::Consume(n))))
-    }
-    fn notify<L: BucketListener + ?Sized>(&self, out: &Option<u64>, listener: &L) {
-        match out {
-            Some(_) => listener.on_consumed(self.tokens),
-            None => listener.on_rejected(self.tokens),
-        }
     }
 }

@@ -24,7 +24,7 @@
 use crate::config::{Bandwidth, BucketConfiguration};
 use crate::error::OperationError;
 use crate::listener::BucketListener;
-use crate::math::{self, MAX};
+use crate::math;
 use crate::state::{BandwidthState, ScaledState};
 
 mod consume;
@@ -220,92 +220,12 @@ impl<'a, R: Fn(usize) -> BandwidthState> Refilled<'a, R> {
     }
 }
 
-/// A state change, applied to every refilled bandwidth state.
-///
-/// ```
-/// # use bucket4rs_core::{Bandwidth, BandwidthState, ops::Mutation}; use core::time::Duration;
-/// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
-/// let s = Mutation::AddTokens(100).apply(&b, BandwidthState::from_parts(0, 3, 0));
-/// assert_eq!(s.tokens(), 10);
-/// # Ok::<(), bucket4rs_core::ConfigError>(())
-/// ```
-// Hidden: part of `Operation`'s planning, which only the operations of this module implement.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Mutation {
-    /// Subtract tokens (callers guarantee the result stays above `-i64::MAX`).
-    Consume(u64),
-    /// Add tokens up to capacity.
-    AddTokens(u64),
-    /// Add tokens beyond capacity, saturating at `i64::MAX`.
-    ForceAddTokens(u64),
-    /// Set the balance to capacity.
-    Reset,
-}
-
-impl Mutation {
-    /// The new state of bandwidth `b` whose refilled state is `s`.
-    ///
-    /// ```
-    /// # use bucket4rs_core::{Bandwidth, BandwidthState, ops::Mutation}; use core::time::Duration;
-    /// let b = Bandwidth::simple(10, Duration::from_secs(1))?;
-    /// assert_eq!(Mutation::Consume(4).apply(&b, BandwidthState::from_parts(0, 3, 0)).tokens(), -1);
-    /// # Ok::<(), bucket4rs_core::ConfigError>(())
-    /// ```
-    #[inline]
-    pub fn apply(self, b: &Bandwidth, s: BandwidthState) -> BandwidthState {
-        let tokens = s.tokens as i128;
-        match self {
-            Self::Consume(n) => {
-                let t = (tokens - n as i128).max(i64::MIN as i128 + 1);
-                BandwidthState {
-                    tokens: t as i64,
-                    ..s
-                }
-            }
-            Self::AddTokens(n) => {
-                if tokens + n as i128 >= b.capacity as i128 {
-                    BandwidthState {
-                        tokens: b.capacity,
-                        remainder: 0,
-                        ..s
-                    }
-                } else {
-                    BandwidthState {
-                        tokens: (tokens + n as i128) as i64,
-                        ..s
-                    }
-                }
-            }
-            Self::ForceAddTokens(n) => {
-                if tokens + n as i128 > MAX as i128 {
-                    BandwidthState {
-                        tokens: MAX,
-                        remainder: 0,
-                        ..s
-                    }
-                } else {
-                    BandwidthState {
-                        tokens: (tokens + n as i128) as i64,
-                        ..s
-                    }
-                }
-            }
-            Self::Reset => BandwidthState {
-                tokens: b.capacity,
-                remainder: 0,
-                ..s
-            },
-        }
-    }
-}
-
 /// One bucket operation: the value every bucket's `execute` takes.
 ///
-/// Implemented by the structs of this module; buckets of every kind run them through one
-/// engine, so all of them compute the same results. How an operation plans is hidden and
-/// outside semver: run the operations here, do not implement new ones.
+/// Sealed: the operations are the structs of this module, and how they plan is the core's own.
+/// Buckets of every kind run them through one engine, so all of them compute the same results;
+/// run them on a bucket, on a [`BucketState`](crate::BucketState) with `apply`, or on states
+/// you keep with [`plan`] and [`execute`].
 ///
 /// ```
 /// use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ops::AvailableTokens};
@@ -315,20 +235,9 @@ impl Mutation {
 /// assert_eq!(state.apply(&config, 0, &AvailableTokens)?, 10);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub trait Operation {
+pub trait Operation: sealed::Plan<<Self as Operation>::Output> {
     /// What the operation returns.
     type Output;
-
-    /// Decides the output, and the state change if any, from the refilled view.
-    ///
-    /// # Errors
-    /// An [`OperationError`] for invalid arguments or an impossible reservation.
-    // Hidden: planning, implemented by this module's operations only (see `Mutation`).
-    #[doc(hidden)]
-    fn plan<R: Fn(usize) -> BandwidthState>(
-        &self,
-        view: &Refilled<'_, R>,
-    ) -> Result<(Self::Output, Option<Mutation>), OperationError>;
 
     /// Tells `listener` what the operation did, given its output (only the operations that
     /// consume notify): what a bucket calls once the operation's change is committed, so that
@@ -347,62 +256,136 @@ pub trait Operation {
     /// assert_eq!(listener.0.load(Ordering::Relaxed), 3);
     /// ```
     fn notify<L: BucketListener + ?Sized>(&self, _output: &Self::Output, _listener: &L) {}
+}
 
-    /// Whether [`plan_single`](Operation::plan_single) is implemented (a compile-time switch,
-    /// so operations without a shortcut pay nothing for it).
-    // Hidden: planning, implemented by this module's operations only (see `Mutation`).
-    #[doc(hidden)]
-    const HAS_SINGLE: bool = false;
+/// How an operation plans: the core's own, out of reach of other crates (which seals
+/// [`Operation`]).
+pub(crate) mod sealed {
+    use super::{Refilled, Scaled, Single};
+    use crate::config::Bandwidth;
+    use crate::error::OperationError;
+    use crate::math::MAX;
+    use crate::state::{BandwidthState, ScaledState};
 
-    /// A shortcut for a bucket with a single bandwidth `b` whose refilled state is `s`: the
-    /// same result as [`plan`](Operation::plan), computed directly, with the new state when it
-    /// changes. `None` (the default) means "use `plan`".
-    // Hidden: planning, implemented by this module's operations only (see `Mutation`).
-    #[doc(hidden)]
-    #[inline]
-    fn plan_single(
-        &self,
-        _b: &Bandwidth,
-        _s: BandwidthState,
-        _now: i64,
-    ) -> Option<Single<Self::Output>> {
-        None
+    /// An operation's planning, for its output `T`.
+    pub trait Plan<T> {
+        /// Decides the output, and the state change if any, from the refilled view.
+        fn plan<R: Fn(usize) -> BandwidthState>(
+            &self,
+            view: &Refilled<'_, R>,
+        ) -> Result<(T, Option<Mutation>), OperationError>;
+
+        /// Whether [`plan_single`](Plan::plan_single) is implemented (a compile-time switch,
+        /// so operations without a shortcut pay nothing for it).
+        const HAS_SINGLE: bool = false;
+
+        /// A shortcut for a bucket with a single bandwidth `b` whose refilled state is `s`:
+        /// the same result as [`plan`](Plan::plan), computed directly, with the new state when
+        /// it changes. `None` (the default) means "use `plan`".
+        #[inline]
+        fn plan_single(&self, _b: &Bandwidth, _s: BandwidthState, _now: i64) -> Option<Single<T>> {
+            None
+        }
+
+        /// For an operation that takes a fixed number of tokens when the bucket has them and
+        /// nothing otherwise (`try_consume`): that number and its output either way. A compact
+        /// one-bandwidth bucket runs such an operation as the GCRA's step. `None` (the
+        /// default): not such an operation. It must agree with [`plan`](Plan::plan).
+        #[inline]
+        fn take(&self) -> Option<Take<T>> {
+            None
+        }
+
+        /// Whether [`plan_scaled`](Plan::plan_scaled) is implemented (a compile-time switch).
+        const HAS_SCALED: bool = false;
+
+        /// A shortcut on the scaled form of a single greedy bandwidth `b` whose refilled state
+        /// is `s`: the same result as [`plan_single`](Plan::plan_single), computed without
+        /// division. `None` (the default, or when a value does not fit) means "decode and use
+        /// `plan_single`".
+        #[inline]
+        fn plan_scaled(&self, _b: &Bandwidth, _s: ScaledState) -> Option<Scaled<T>> {
+            None
+        }
     }
 
-    /// For an operation that takes a fixed number of tokens when the bucket has them and
-    /// nothing otherwise (`try_consume`): that number and its output either way. A compact
-    /// one-bandwidth bucket (the core's compact form) runs such an operation as the GCRA's step, with
-    /// the fewest operations between the clock reading and the compare-and-swap. `None` (the
-    /// default): not such an operation. It must agree with [`plan`](Operation::plan).
-    ///
-    /// ```
-    /// # use bucket4rs_core::ops::{Operation, TryConsume};
-    /// let take = TryConsume(3).take().expect("try_consume takes");
-    /// assert_eq!((take.tokens, take.taken, take.refused), (Ok(3), true, false));
-    /// ```
-    // Hidden: planning, implemented by this module's operations only (see `Mutation`).
-    #[doc(hidden)]
-    #[inline]
-    fn take(&self) -> Option<Take<Self::Output>> {
-        None
+    /// What [`Plan::take`] describes: a fixed take and the output either way.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Take<T> {
+        /// The tokens taken, or why the request is invalid.
+        pub tokens: Result<u64, OperationError>,
+        /// The output when they were taken.
+        pub taken: T,
+        /// The output when they were not.
+        pub refused: T,
     }
-
-    /// Whether [`plan_scaled`](Operation::plan_scaled) is implemented (a compile-time switch).
-    // Hidden: planning, implemented by this module's operations only (see `Mutation`).
-    #[doc(hidden)]
-    const HAS_SCALED: bool = false;
-
-    /// A shortcut on the scaled form of a single greedy bandwidth `b` whose refilled state is
-    /// `s` (see `ScaledState`): the same result as [`plan_single`](Operation::plan_single),
-    /// computed without division. `None` (the default, or when a value does not fit) means
-    /// "decode and use `plan_single`".
-    // Hidden: planning, implemented by this module's operations only (see `Mutation`).
-    #[doc(hidden)]
-    #[inline]
-    fn plan_scaled(&self, _b: &Bandwidth, _s: ScaledState) -> Option<Scaled<Self::Output>> {
-        None
+/// A state change, applied to every refilled bandwidth state.
+    
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    #[non_exhaustive]
+    pub enum Mutation {
+        /// Subtract tokens (callers guarantee the result stays above `-i64::MAX`).
+        Consume(u64),
+        /// Add tokens up to capacity.
+        AddTokens(u64),
+        /// Add tokens beyond capacity, saturating at `i64::MAX`.
+        ForceAddTokens(u64),
+        /// Set the balance to capacity.
+        Reset,
+    }
+    
+    impl Mutation {
+        /// The new state of bandwidth `b` whose refilled state is `s`.
+        #[inline]
+        pub fn apply(self, b: &Bandwidth, s: BandwidthState) -> BandwidthState {
+            let tokens = s.tokens as i128;
+            match self {
+                Self::Consume(n) => {
+                    let t = (tokens - n as i128).max(i64::MIN as i128 + 1);
+                    BandwidthState {
+                        tokens: t as i64,
+                        ..s
+                    }
+                }
+                Self::AddTokens(n) => {
+                    if tokens + n as i128 >= b.capacity as i128 {
+                        BandwidthState {
+                            tokens: b.capacity,
+                            remainder: 0,
+                            ..s
+                        }
+                    } else {
+                        BandwidthState {
+                            tokens: (tokens + n as i128) as i64,
+                            ..s
+                        }
+                    }
+                }
+                Self::ForceAddTokens(n) => {
+                    if tokens + n as i128 > MAX as i128 {
+                        BandwidthState {
+                            tokens: MAX,
+                            remainder: 0,
+                            ..s
+                        }
+                    } else {
+                        BandwidthState {
+                            tokens: (tokens + n as i128) as i64,
+                            ..s
+                        }
+                    }
+                }
+                Self::Reset => BandwidthState {
+                    tokens: b.capacity,
+                    remainder: 0,
+                    ..s
+                },
+            }
+        }
     }
 }
+
+pub(crate) use sealed::{Mutation, Plan as Planning, Take};
 
 /// The result of [`plan_one`]: the output and the new state, if it changed.
 pub type Single<T> = Result<(T, Option<BandwidthState>), OperationError>;
@@ -605,24 +588,6 @@ where
     op.plan_scaled(b, math::refill_scaled(b, s, now)?)
 }
 
-/// What `Operation::take` describes: a fixed take and the output either way.
-///
-/// ```
-/// # use bucket4rs_core::{OperationError, ops::{Operation, TryConsume}};
-/// assert_eq!(TryConsume(0).take().map(|t| t.tokens), Some(Err(OperationError::ZeroTokens)));
-/// ```
-// Hidden: the output of `Operation::take`, part of the planning (see `Mutation`).
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Take<T> {
-    /// The tokens taken, or why the request is invalid.
-    pub tokens: Result<u64, OperationError>,
-    /// The output when they were taken.
-    pub taken: T,
-    /// The output when they were not.
-    pub refused: T,
-}
-
 /// Runs `op` on the state read through `read` at clock reading `now`; when the state changes,
 /// every bandwidth's new state is passed to `write` (after all reads).
 ///
@@ -665,3 +630,6 @@ fn check_tokens(n: u64) -> Result<u64, OperationError> {
         Ok(n)
     }
 }
+
+#[cfg(test)]
+mod tests;

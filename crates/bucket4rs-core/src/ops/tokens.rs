@@ -1,6 +1,6 @@
 //! The operations that add, reset or read tokens without consuming them.
 
-use super::{Mutation, Operation, Refilled, Single, check_tokens};
+use super::{Mutation, Operation, Planning, Refilled, Single, check_tokens};
 use crate::config::Bandwidth;
 use crate::error::OperationError;
 use crate::state::BandwidthState;
@@ -22,6 +22,9 @@ pub struct AddTokens(pub u64);
 
 impl Operation for AddTokens {
     type Output = ();
+}
+
+impl Planning<()> for AddTokens {
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
         _view: &Refilled<'_, R>,
@@ -46,6 +49,9 @@ pub struct ForceAddTokens(pub u64);
 
 impl Operation for ForceAddTokens {
     type Output = ();
+}
+
+impl Planning<()> for ForceAddTokens {
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
         _view: &Refilled<'_, R>,
@@ -71,6 +77,9 @@ pub struct Reset;
 
 impl Operation for Reset {
     type Output = ();
+}
+
+impl Planning<()> for Reset {
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
         _view: &Refilled<'_, R>,
@@ -94,6 +103,9 @@ pub struct AvailableTokens;
 
 impl Operation for AvailableTokens {
     type Output = i64;
+}
+
+impl Planning<i64> for AvailableTokens {
     const HAS_SINGLE: bool = true;
     #[inline]
     fn plan<R: Fn(usize) -> BandwidthState>(

@@ -1,6 +1,6 @@
 //! [`Verbose`]: any operation, also returning the state after it.
 
-use super::{Mutation, Operation, Refilled, Single};
+use super::{Mutation, Operation, Planning, Refilled, Single};
 use crate::config::Bandwidth;
 use crate::error::OperationError;
 use crate::listener::BucketListener;
@@ -24,10 +24,16 @@ pub struct Verbose<O>(pub O);
 
 impl<O: Operation> Operation for Verbose<O> {
     type Output = (O::Output, crate::BucketState);
+    fn notify<L: BucketListener + ?Sized>(&self, output: &Self::Output, listener: &L) {
+        self.0.notify(&output.0, listener);
+    }
+}
+
+impl<O: Operation> Planning<(O::Output, crate::BucketState)> for Verbose<O> {
     fn plan<R: Fn(usize) -> BandwidthState>(
         &self,
         view: &Refilled<'_, R>,
-    ) -> Result<(Self::Output, Option<Mutation>), OperationError> {
+    ) -> Result<((O::Output, crate::BucketState), Option<Mutation>), OperationError> {
         let (out, mutation) = self.0.plan(view)?;
         let after = view
             .config
@@ -42,21 +48,16 @@ impl<O: Operation> Operation for Verbose<O> {
         let after = crate::BucketState::from_inline(after);
         Ok(((out, after), mutation))
     }
-    fn notify<L: BucketListener + ?Sized>(&self, output: &Self::Output, listener: &L) {
-        self.0.notify(&output.0, listener);
-    }
-
     const HAS_SINGLE: bool = O::HAS_SINGLE;
-
     /// The wrapped operation's one-bandwidth shortcut, and the state it leaves (`s`, refilled
-    /// to `now`, when it changes nothing): what [`plan`](Operation::plan) answers.
+    /// to `now`, when it changes nothing): what `plan` answers.
     #[inline]
     fn plan_single(
         &self,
         b: &Bandwidth,
         s: BandwidthState,
         now: i64,
-    ) -> Option<Single<Self::Output>> {
+    ) -> Option<Single<(O::Output, crate::BucketState)>> {
         let single = self.0.plan_single(b, s, now)?;
         Some(single.map(|(out, new)| {
             let after =

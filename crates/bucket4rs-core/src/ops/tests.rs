@@ -5,12 +5,13 @@
 
 use core::time::Duration;
 
-use bucket4rs_core::forms::{CompactForm, CompactStop, ScaledState};
-use bucket4rs_core::ops::{
+use crate::forms::{CompactForm, CompactStop, ScaledState};
+use std::boxed::Box;
+use crate::ops::{
     AvailableTokens, EstimateAbilityToConsume, Operation, Refilled, TryConsume,
     TryConsumeAndReturnRemaining,
 };
-use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, OperationError, RefillKind};
+use crate::{Bandwidth, BandwidthState, BucketConfiguration, OperationError, RefillKind};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
@@ -129,7 +130,7 @@ fn shortcut<O: Operation>(
     s: BandwidthState,
     now: i64,
 ) -> Outcome<O::Output> {
-    bucket4rs_core::ops::plan_one(op, c, now, || s).expect("every operation here has a shortcut")
+    crate::ops::plan_one(op, c, now, || s).expect("every operation here has a shortcut")
 }
 
 fn same<O: Operation>(
@@ -161,7 +162,7 @@ proptest! {
         same(&EstimateAbilityToConsume(n), &c, s, now)?;
         same(&AvailableTokens, &c, s, now)?;
         // The verbose wrapper runs the wrapped shortcut: the same output and state after.
-        same(&bucket4rs_core::ops::Verbose(TryConsumeAndReturnRemaining(n)), &c, s, now)?;
+        same(&crate::ops::Verbose(TryConsumeAndReturnRemaining(n)), &c, s, now)?;
     }
 }
 
@@ -194,7 +195,7 @@ proptest! {
         let s = scaled.to_state(b);
         prop_assert_eq!(ScaledState::from_state(b, s), Some(scaled));
         let op = TryConsume(n);
-        match bucket4rs_core::ops::plan_scaled(&op, b, now, scaled) {
+        match crate::ops::plan_scaled(&op, b, now, scaled) {
             Some(fast) => {
                 let fast = fast.map(|(out, new)| (out, new.map(|new| new.to_state(b))));
                 prop_assert_eq!(fast, shortcut(&op, &c, s, now));
@@ -220,15 +221,15 @@ fn the_shortcut_is_taken_only_for_one_bandwidth() {
         .build()
         .expect("valid");
     let s = BandwidthState::from_parts(0, 5, 0);
-    assert!(bucket4rs_core::ops::plan_one(&TryConsume(1), &two, 0, || s).is_none());
+    assert!(crate::ops::plan_one(&TryConsume(1), &two, 0, || s).is_none());
     let single = BucketConfiguration::builder()
         .add_bandwidth(one)
         .build()
         .expect("valid");
-    assert!(bucket4rs_core::ops::plan_one(&TryConsume(1), &single, 0, || s).is_some());
+    assert!(crate::ops::plan_one(&TryConsume(1), &single, 0, || s).is_some());
     // An operation without a shortcut never reads the state.
     let read = || -> BandwidthState { panic!("must not be read") };
-    assert!(bucket4rs_core::ops::plan_one(&bucket4rs_core::ops::Reset, &single, 0, read).is_none());
+    assert!(crate::ops::plan_one(&crate::ops::Reset, &single, 0, read).is_none());
 }
 
 /// A balance of `b` in scaled units: anything, or near 0, or near the capacity.
