@@ -319,8 +319,8 @@ pub(crate) mod sealed {
         /// The output when they were not.
         pub refused: T,
     }
-/// A state change, applied to every refilled bandwidth state.
-    
+    /// A state change, applied to every refilled bandwidth state.
+
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     #[non_exhaustive]
     pub enum Mutation {
@@ -333,7 +333,7 @@ pub(crate) mod sealed {
         /// Set the balance to capacity.
         Reset,
     }
-    
+
     impl Mutation {
         /// The new state of bandwidth `b` whose refilled state is `s`.
         #[inline]

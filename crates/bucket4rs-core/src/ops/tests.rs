@@ -6,7 +6,6 @@
 use core::time::Duration;
 
 use crate::forms::{CompactForm, CompactStop, ScaledState};
-use std::boxed::Box;
 use crate::ops::{
     AvailableTokens, EstimateAbilityToConsume, Operation, Refilled, TryConsume,
     TryConsumeAndReturnRemaining,
@@ -14,6 +13,7 @@ use crate::ops::{
 use crate::{Bandwidth, BandwidthState, BucketConfiguration, OperationError, RefillKind};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
+use std::boxed::Box;
 
 fn config() -> impl Strategy<Value = BucketConfiguration> {
     let limits = (

@@ -36,6 +36,15 @@ fn no_key_is_granted_more_than_its_limit_while_the_map_changes() {
         AtomicUsize::new(0),
     );
     let flooded = AtomicUsize::new(0);
+    let other = BucketConfiguration::new(vec![
+        Bandwidth::simple(2, Duration::from_secs(1)).expect("valid"),
+    ])
+    .expect("valid");
+    for k in 1_000..1_016_u64 {
+        keyed
+            .replace_configuration(&k, other.clone(), TokensInheritanceStrategy::AsIs)
+            .expect("room");
+    }
     let done = AtomicBool::new(false);
     let barrier = Barrier::new(CONSUMERS + 4);
     std::thread::scope(|s| {
@@ -64,16 +73,14 @@ fn no_key_is_granted_more_than_its_limit_while_the_map_changes() {
                 std::thread::yield_now();
             }
         });
-        // Other keys removed and replaced.
+        // Other keys removed and replaced: each starts stored under another configuration
+        // (never forgotten), so the first removal of each finds it.
         s.spawn(|| {
             barrier.wait();
-            let other = BucketConfiguration::new(vec![
-                Bandwidth::simple(2, Duration::from_secs(1)).expect("valid"),
-            ])
-            .expect("valid");
             let mut k = 1_000_u64;
             while !done.load(Ordering::Relaxed) {
                 k = 1_000 + (k + 1) % 16;
+                removed.fetch_add(usize::from(keyed.remove(&k)), Ordering::Relaxed);
                 let _ = keyed.try_consume(&k, 1);
                 if k.is_multiple_of(2) {
                     let _ = keyed.replace_configuration(
@@ -82,7 +89,6 @@ fn no_key_is_granted_more_than_its_limit_while_the_map_changes() {
                         TokensInheritanceStrategy::AsIs,
                     );
                 }
-                removed.fetch_add(usize::from(keyed.remove(&k)), Ordering::Relaxed);
             }
         });
         // New keys against the cap.
