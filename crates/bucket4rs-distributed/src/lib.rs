@@ -60,6 +60,8 @@ mod record;
 mod redis_backend;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod skew;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod tls;
 
 pub use backend::{Backend, BackendClock, Command, Transaction, Write};
 pub use embedded::EmbeddedBackend;
@@ -70,9 +72,13 @@ pub use manager::{
     RemoteBucketBuilder, RetryPolicy, TimeSource,
 };
 #[cfg(feature = "postgres")]
-pub use postgres::{InvalidTableName, PostgresBackend, PostgresOptions, PostgresStats, Reaper};
+pub use postgres::{
+    InvalidTableName, PostgresBackend, PostgresOptions, PostgresStats, Reaper, SslMode,
+};
 #[cfg(feature = "redis")]
 pub use redis_backend::{RedisBackend, RedisOptions, RedisStats};
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub use tls::{TlsError, TlsOptions};
 
 /// The `deadpool-postgres` crate of the PostgreSQL backend's pool, for
 /// [`PostgresBackend::with_pool`].

@@ -12,6 +12,7 @@ use redis::{ErrorKind, ProtocolVersion, RedisError, ServerErrorKind, Value};
 use crate::backend::{Backend, BackendClock, Command, Transaction, Write};
 use crate::error::{BackendError, BackendErrorKind};
 use crate::key::StorageKey;
+use crate::tls::TlsOptions;
 
 mod conn;
 use crate::skew::host_micros;
@@ -37,6 +38,7 @@ pub struct RedisOptions {
     response_timeout: Duration,
     connect_timeout: Duration,
     connections: usize,
+    tls: Option<TlsOptions>,
 }
 
 impl Default for RedisOptions {
@@ -46,6 +48,7 @@ impl Default for RedisOptions {
             response_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_secs(1),
             connections: 1,
+            tls: None,
         }
     }
 }
@@ -82,6 +85,21 @@ impl RedisOptions {
     /// ```
     pub fn connections(mut self, n: usize) -> Self {
         self.connections = n.max(1);
+        self
+    }
+
+    /// The certificates of a `rediss://` connection: private CAs trusted besides the
+    /// platform's roots, a client certificate for mutual TLS. Without it a `rediss://` URL
+    /// trusts the platform's roots. The server's host name is always verified. Refused with a
+    /// `redis://` URL (TLS asked for, plaintext configured).
+    ///
+    /// ```no_run
+    /// # use bucket4rs_distributed::{RedisOptions, TlsOptions};
+    /// let o = RedisOptions::default().tls(TlsOptions::default().ca_file("ca.pem")?);
+    /// # Ok::<(), bucket4rs_distributed::TlsError>(())
+    /// ```
+    pub fn tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = Some(tls);
         self
     }
 }
@@ -318,6 +336,22 @@ impl RedisBackend {
         Self::with_client(client, options)
     }
 
+    /// `client` with the certificates of `tls` (its address must be a TLS one).
+    fn with_certificates(
+        client: redis::Client,
+        tls: &TlsOptions,
+    ) -> Result<redis::Client, BackendError> {
+        let info = client.get_connection_info().clone();
+        if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+            return Err(BackendError::new(
+                BackendErrorKind::Other,
+                "RedisOptions::tls needs a TLS address (a rediss:// URL): refused rather than \
+                 connecting without TLS",
+            ));
+        }
+        redis::Client::build_with_tls(info, tls.redis_certificates()).map_err(map_err)
+    }
+
     /// A backend on a `redis` [`Client`](redis::Client) of the application's own, with its
     /// address, credentials, database, TCP and TLS settings; otherwise as
     /// [`connect`](Self::connect) (it connects in the background when called on a tokio
@@ -343,6 +377,16 @@ impl RedisBackend {
                 BackendErrorKind::Other,
                 "RedisOptions: the response and connect timeouts must be above zero",
             ));
+        }
+        let client = match &options.tls {
+            Some(tls) => Self::with_certificates(client, tls)?,
+            None => client,
+        };
+        if matches!(
+            client.get_connection_info().addr(),
+            redis::ConnectionAddr::TcpTls { .. }
+        ) {
+            crate::tls::install_provider();
         }
         let pool = Arc::new(Pool::new(
             resp3(client)?,

@@ -71,12 +71,14 @@ impl ClockOffset {
     }
 
     /// Whether a reply has carried the server's clock yet.
+    #[cfg(feature = "redis")]
     pub(crate) fn is_observed(&self) -> bool {
         self.lock().since.is_some()
     }
 
     /// An estimate of the server's clock now, in µs since the epoch: slightly behind it (by
     /// the transit of the reply the bound came from).
+    #[cfg(feature = "postgres")]
     pub(crate) fn server_now_us(&self) -> i64 {
         host_micros().saturating_add(self.lock().best)
     }

@@ -27,6 +27,7 @@
 //!   reply margin (twice the last round trip, at least 1 ms, at most half the time left) is
 //!   subtracted for the write's own commit and reply.
 
+mod connect;
 mod options;
 mod sql;
 
@@ -39,15 +40,15 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use dashmap::DashMap;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+use deadpool_postgres::{Pool, Runtime};
 
 use crate::backend::{Backend, BackendClock, Transaction, Write};
 use crate::error::{BackendError, BackendErrorKind};
 use crate::key::StorageKey;
 use crate::skew::{ClockOffset, host_micros};
+use crate::tls::TlsOptions;
 
-pub use options::{InvalidTableName, PostgresOptions};
+pub use options::{InvalidTableName, PostgresOptions, SslMode};
 pub use sql::PostgresStats;
 use sql::*;
 
@@ -156,31 +157,53 @@ impl PostgresBackend {
     /// # Ok(()) }
     /// ```
     pub async fn connect(url: &str, options: PostgresOptions) -> Result<Self, BackendError> {
+        let (url, ssl) = connect::split_ssl(url)?;
         let config: tokio_postgres::Config = url.parse().map_err(|e| {
             BackendError::new(BackendErrorKind::Other, format!("bad PostgreSQL URL: {e}"))
         })?;
-        Self::with_config(config, options)
+        let mode = options
+            .ssl_mode
+            .or(ssl.mode)
+            .unwrap_or_else(|| connect::mode_of(&config));
+        let tls = ssl.certificates(&options.tls)?;
+        Self::pooled(config, mode, &tls, options)
     }
 
     /// A backend with a pool of connections made from the application's own
     /// [`tokio_postgres::Config`] (host, user, password, database, its own options); otherwise
     /// as [`connect`](Self::connect). The backend adds its session settings
     /// (`lock_timeout`, `statement_timeout`, `idle_in_transaction_session_timeout`, from
-    /// `options`) to the config's `options`, and `options`' connect timeout.
+    /// `options`) to the config's `options`, and `options`' connect timeout. TLS as
+    /// [`PostgresOptions::ssl_mode`] says, else as the config's `ssl_mode` (its `disable`,
+    /// `prefer` or `require`).
     ///
     /// # Errors
     /// [`BackendErrorKind::Other`] if the pool cannot be built.
     ///
     /// ```no_run
-    /// # use bucket4rs_distributed::{PostgresBackend, PostgresOptions};
+    /// # use bucket4rs_distributed::{PostgresBackend, PostgresOptions, SslMode};
     /// # fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let mut config = tokio_postgres::Config::new();
     /// config.host("db.internal").user("app").password("secret").dbname("app");
-    /// let backend = PostgresBackend::with_config(config, PostgresOptions::default())?;
+    /// let options = PostgresOptions::default().ssl_mode(SslMode::VerifyFull);
+    /// let backend = PostgresBackend::with_config(config, options)?;
     /// # Ok(()) }
     /// ```
     pub fn with_config(
+        config: tokio_postgres::Config,
+        options: PostgresOptions,
+    ) -> Result<Self, BackendError> {
+        let mode = options
+            .ssl_mode
+            .unwrap_or_else(|| connect::mode_of(&config));
+        let tls = options.tls.clone();
+        Self::pooled(config, mode, &tls, options)
+    }
+
+    fn pooled(
         mut config: tokio_postgres::Config,
+        mode: SslMode,
+        tls: &TlsOptions,
         options: PostgresOptions,
     ) -> Result<Self, BackendError> {
         let mut session = options.session_options();
@@ -193,13 +216,7 @@ impl PostgresBackend {
         if config.get_application_name().is_none() {
             config.application_name("bucket4rs");
         }
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager = connect::manager(config, mode, tls)?;
         let pool = Pool::builder(manager)
             .max_size(options.max_connections)
             .wait_timeout(Some(options.wait_timeout))

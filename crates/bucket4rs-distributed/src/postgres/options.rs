@@ -3,6 +3,8 @@
 use core::fmt;
 use core::time::Duration;
 
+use crate::tls::TlsOptions;
+
 /// Longest table (or schema) name accepted: PostgreSQL's `NAMEDATALEN - 1`.
 const MAX_IDENT: usize = 63;
 
@@ -97,6 +99,58 @@ pub struct PostgresOptions {
     pub(super) clock_tolerance: Duration,
     pub(super) cache_capacity: usize,
     pub(super) rounds: u32,
+    pub(super) ssl_mode: Option<SslMode>,
+    pub(super) tls: TlsOptions,
+}
+
+/// Whether and how a PostgreSQL connection uses TLS: libpq's `sslmode`, read from the URL
+/// (`?sslmode=verify-full`) or set with [`PostgresOptions::ssl_mode`].
+///
+/// A server without TLS where TLS is required, a certificate that does not verify or a host
+/// name that does not match is a typed [`TlsError`](crate::TlsError), never a fall-back to
+/// plaintext.
+///
+/// ```
+/// use bucket4rs_distributed::{PostgresOptions, SslMode};
+/// assert_eq!("verify-full".parse::<SslMode>(), Ok(SslMode::VerifyFull));
+/// let o = PostgresOptions::default().ssl_mode(SslMode::VerifyCa);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SslMode {
+    /// Plaintext only.
+    Disable,
+    /// TLS if the server offers it, else plaintext; the certificate is not checked (libpq's
+    /// default, and the default here).
+    Prefer,
+    /// TLS, or no connection; the certificate is not checked, unless a private CA is given
+    /// ([`TlsOptions::ca_file`] or the URL's `sslrootcert`): then as [`VerifyCa`](Self::VerifyCa)
+    /// (as libpq does with a root certificate).
+    Require,
+    /// TLS with a certificate signed by a trusted CA; the host name is not checked.
+    VerifyCa,
+    /// TLS with a certificate signed by a trusted CA and valid for the host name.
+    VerifyFull,
+}
+
+impl core::str::FromStr for SslMode {
+    type Err = String;
+
+    /// libpq's names: `disable`, `prefer`, `require`, `verify-ca`, `verify-full`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "disable" => Self::Disable,
+            "prefer" => Self::Prefer,
+            "require" => Self::Require,
+            "verify-ca" => Self::VerifyCa,
+            "verify-full" => Self::VerifyFull,
+            other => {
+                return Err(format!(
+                    "sslmode {other:?}: expected disable, prefer, require, verify-ca or verify-full"
+                ));
+            }
+        })
+    }
 }
 
 impl Default for PostgresOptions {
@@ -115,6 +169,8 @@ impl Default for PostgresOptions {
             clock_tolerance: Duration::from_millis(50),
             cache_capacity: 65_536,
             rounds: 2,
+            ssl_mode: None,
+            tls: TlsOptions::default(),
         }
     }
 }
@@ -230,6 +286,32 @@ impl PostgresOptions {
     /// ```
     pub fn optimistic_rounds(mut self, n: u32) -> Self {
         self.rounds = n;
+        self
+    }
+
+    /// The TLS mode, over the URL's or the configuration's `sslmode` (default: the URL's, or
+    /// [`SslMode::Prefer`]).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{PostgresOptions, SslMode};
+    /// let o = PostgresOptions::default().ssl_mode(SslMode::VerifyFull);
+    /// ```
+    pub fn ssl_mode(mut self, mode: SslMode) -> Self {
+        self.ssl_mode = Some(mode);
+        self
+    }
+
+    /// The certificates of a TLS connection: private CAs trusted besides the platform's roots
+    /// (also the URL's `sslrootcert`), a client certificate for mutual TLS (also the URL's
+    /// `sslcert` and `sslkey`).
+    ///
+    /// ```no_run
+    /// # use bucket4rs_distributed::{PostgresOptions, TlsOptions};
+    /// let o = PostgresOptions::default().tls(TlsOptions::default().ca_file("ca.pem")?);
+    /// # Ok::<(), bucket4rs_distributed::TlsError>(())
+    /// ```
+    pub fn tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = tls;
         self
     }
 

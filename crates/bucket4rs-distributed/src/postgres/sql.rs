@@ -316,6 +316,11 @@ pub(super) fn map_pool(e: PoolError) -> BackendError {
         )
         .retryable(true),
         PoolError::Backend(e) => {
+            // A refused certificate, a plaintext server where TLS is required: typed, and
+            // not retried within the call (the same handshake would fail again).
+            if let Some(tls) = super::connect::tls_cause(&e) {
+                return tls.into_backend();
+            }
             let mut err = map_pg(e);
             if err.kind() == BackendErrorKind::Unavailable {
                 err = err.retryable(true);

@@ -31,6 +31,7 @@ use redis::{AsyncConnectionConfig, PushInfo, PushKind};
 use super::map_err;
 use crate::error::{BackendError, BackendErrorKind};
 use crate::skew::{ClockOffset, host_micros};
+use crate::tls::TlsError;
 
 /// A connection and whether its driver has ended.
 #[derive(Clone)]
@@ -73,13 +74,31 @@ pub(super) struct Pool {
     skew: ClockOffset,
 }
 
-fn unavailable_within(until: Instant) -> BackendError {
-    let left = until.saturating_duration_since(Instant::now());
+fn unavailable_within(budget: Duration) -> BackendError {
     BackendError::new(
         BackendErrorKind::Unavailable,
-        format!("no connection to Redis could be made within {left:?}"),
+        format!("no connection to Redis could be made within {budget:?}"),
     )
     .retryable(true)
+}
+
+/// The longest a TLS connection that timed out leaves for asking the address in plaintext.
+const PROBE: Duration = Duration::from_millis(200);
+
+/// Whether `host:port` answers a plaintext `PING` with a Redis reply (`+PONG`, or an error
+/// such as `-NOAUTH`) within `budget`: a plaintext Redis where TLS was asked for. Needed
+/// because such a server reads the TLS hello as an inline command and, unless the hello
+/// happens to hold a newline byte, waits for the rest of it: the handshake gets no answer.
+async fn answers_plaintext(host: &str, port: u16, budget: Duration) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let probe = async {
+        let mut stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        stream.write_all(b"PING\r\n").await.ok()?;
+        let mut reply = [0u8; 1];
+        stream.read_exact(&mut reply).await.ok()?;
+        Some(matches!(reply[0], b'+' | b'-'))
+    };
+    matches!(tokio::time::timeout(budget, probe).await, Ok(Some(true)))
 }
 
 /// The first wait of the background connector after a failed attempt; it doubles up to
@@ -155,15 +174,26 @@ impl Pool {
     pub(super) async fn live(&self, slot: usize, until: Instant) -> Result<Live, BackendError> {
         let left = until.saturating_duration_since(Instant::now());
         let Ok(mut current) = tokio::time::timeout(left, self.slots[slot].lock()).await else {
-            return Err(unavailable_within(until));
+            return Err(unavailable_within(left));
         };
         if let Some(live) = current.as_ref().filter(|l| !l.is_dead()) {
             return Ok(live.clone());
         }
         *current = None;
-        let left = until
+        let mut left = until
             .saturating_duration_since(Instant::now())
             .min(self.connect_timeout);
+        let tls = match self.client.get_connection_info().addr() {
+            redis::ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
+            _ => None,
+        };
+        // A TLS connection keeps time to ask the address in plaintext if it times out.
+        let probe = if tls.is_some() {
+            (left / 4).min(PROBE)
+        } else {
+            Duration::ZERO
+        };
+        left -= probe;
         let dead = Arc::new(AtomicBool::new(false));
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(None)
@@ -175,11 +205,23 @@ impl Pool {
         let conn = match tokio::time::timeout(left, connect).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => {
+                // A refused certificate, a plaintext server: typed, and not retried within
+                // the call (the same handshake would fail again).
+                if let Some(tls) = TlsError::cause(&e) {
+                    return Err(tls.into_backend());
+                }
                 // Nothing was sent on a connection that could not be made.
                 let io = e.is_io_error() || e.is_connection_refusal() || e.is_timeout();
                 return Err(map_err(e).retryable(io));
             }
-            Err(_) => return Err(unavailable_within(until)),
+            Err(_) => {
+                if let Some((host, port)) = tls
+                    && answers_plaintext(&host, port, probe).await
+                {
+                    return Err(TlsError::NotTls.into_backend());
+                }
+                return Err(unavailable_within(left));
+            }
         };
         if !self.skew.is_observed() {
             // No reading of the server's clock yet (the backend was created while the server
@@ -194,7 +236,7 @@ impl Pool {
                     self.observe(seconds, micros, host_micros().max(sent));
                 }
                 Ok(Err(e)) => return Err(map_err(e).retryable(true)),
-                Err(_) => return Err(unavailable_within(until)),
+                Err(_) => return Err(unavailable_within(left)),
             }
         }
         let live = Live { conn, dead };

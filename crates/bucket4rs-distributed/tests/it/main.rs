@@ -5,6 +5,9 @@ mod batching;
 mod breaker;
 #[cfg(feature = "redis")]
 mod breaker_redis;
+#[cfg(feature = "redis")]
+#[allow(dead_code)] // shared with the `postgres` binary, which uses more of it
+mod certs;
 // The service helpers shared with the `postgres` binary are used here by the Redis tests only.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 mod common;
@@ -17,3 +20,5 @@ mod redis;
 #[cfg(feature = "redis")]
 mod redis_faults;
 mod waits;
+#[cfg(feature = "redis")]
+mod redis_tls;

@@ -5,12 +5,15 @@
 //! and never touch the shared one.
 #![cfg(feature = "postgres")]
 
+#[path = "../it/certs.rs"]
+mod certs;
 #[path = "../it/common.rs"]
 #[allow(dead_code)] // shared with the `it` binary, which uses more of it
 mod common;
 mod exhaustion;
 mod fault;
 mod own;
+mod tls;
 
 use std::process::Command;
 use std::sync::Arc;

@@ -94,7 +94,26 @@ impl OwnPostgres {
     }
 
     pub(crate) fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        self.url_at("127.0.0.1")
+    }
+
+    /// The URL naming the server by `host` (`localhost`: the name the TLS tests' server
+    /// certificate is for).
+    pub(crate) fn url_at(&self, host: &str) -> String {
+        format!("postgres://postgres@{host}:{}/postgres", self.port)
+    }
+
+    /// Replaces the cluster's `pg_hba.conf` (before `start`).
+    pub(crate) fn hba(&self, lines: &str) {
+        let path = self.dir.join("data/pg_hba.conf");
+        std::fs::write(&path, lines).unwrap();
+        let ok = Command::new("chown")
+            .arg("postgres:postgres")
+            .arg(&path)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
     }
 
     /// The postmaster and every process it started (backends, checkpointer, …).
