@@ -9,7 +9,7 @@
 //! - [`ProxyManager`] hands out [`RemoteBucket`]s: `manager.builder().build(key, supplier)`.
 //!   The configuration is stored with the state and supplied lazily (only when the key has
 //!   no state yet); replacing it is explicit. Async first (tokio), with a
-//!   [blocking form](RemoteBucket::blocking) and a [verbose form](RemoteBucket::verbose).
+//!   [blocking form](RemoteBucket::as_blocking) and a [verbose form](RemoteBucket::as_verbose).
 //! - [`Backend`] is the public storage trait (see `docs/custom-backend.md`).
 //! - [`EmbeddedBackend`] (default): in-process, bounded memory: the local
 //!   [`KeyedBucket`](bucket4rs_local::KeyedBucket)'s map behind the backend trait (for a

@@ -86,7 +86,7 @@ const MAX_START_BACKOFF: Duration = Duration::from_secs(5);
 /// bucket would answer alike (else `expires_at` is NULL); expired
 /// rows read as absent and are deleted in batches by [`reap_expired`](Self::reap_expired)
 /// or a [`spawn_reaper`](Self::spawn_reaper) task. Blocking callers use
-/// [`RemoteBucket::blocking`](crate::RemoteBucket::blocking), as with every backend.
+/// [`RemoteBucket::as_blocking`](crate::RemoteBucket::as_blocking), as with every backend.
 ///
 /// ```no_run
 /// use bucket4rs_core::{Bandwidth, BucketConfiguration};
