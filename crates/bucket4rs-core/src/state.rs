@@ -30,7 +30,8 @@ pub struct BandwidthState {
 }
 
 impl BandwidthState {
-    /// A state from its three fields. Operations never panic on any values; use
+    /// A state from its three fields: how a state kept elsewhere (a record in a store, a
+    /// format of your own) is restored. Operations never panic on any values; use
     /// [`BucketState::check`] to validate a restored state against its configuration.
     ///
     /// ```
@@ -571,7 +572,8 @@ impl BucketState {
         Self { bandwidths }
     }
 
-    /// A state from raw per-bandwidth states (for restoring snapshots).
+    /// A state from raw per-bandwidth states: how a state kept elsewhere is restored (check
+    /// it against its configuration with [`check`](Self::check)).
     ///
     /// ```
     /// # use bucket4rs_core::{BandwidthState, BucketState};

@@ -1,47 +1,54 @@
-//! The embedded in-memory backend: the local keyed bucket's map behind the [`Backend`] trait.
+//! The embedded backend: a store in this process's memory, keys to record bytes with the
+//! expiry the manager asks for, honoured as Redis honours `PX`.
 
 use core::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use bucket4rs_core::{Clock, ConfigError};
-use bucket4rs_local::__private::{Update, record_store, update};
-use bucket4rs_local::{FastClock, KeyedBucket, KeyedError};
+use bucket4rs_local::FastClock;
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
 
 use crate::backend::{Backend, BackendClock, Transaction, Write};
 use crate::error::{BackendError, BackendErrorKind};
-use crate::format;
 use crate::key::StorageKey;
 
 type SharedClock = Arc<dyn Clock + Send + Sync>;
 
-/// Buckets in this process's memory: the map of [`bucket4rs_local::KeyedBucket`], one entry per
-/// key holding the record's configuration and state, behind the [`Backend`] trait so that a
-/// [`ProxyManager`](crate::ProxyManager) serves them like any other store (a single process's
-/// limits, tests, the fallback of a remote store).
+/// The least number of keys between two automatic sweeps.
+const MIN_SWEEP_INTERVAL: usize = 1024;
+
+/// A store of bucket records in this process's memory: each key holds the record bytes the
+/// manager wrote and the moment they expire, the way a Redis key holds a string set with
+/// `PX`. It is written against the public [`Backend`] trait only, as a backend of your own
+/// would be, and serves a [`ProxyManager`](crate::ProxyManager) like any remote store: the
+/// stand-in for one in tests, and the store of a single process whose code is written for a
+/// shared one.
 ///
-/// For a per-key limit in one process without the async manager, use
-/// [`KeyedBucket`] itself: this backend runs every operation through the public
-/// [`Transaction`] protocol (records as bytes), as a backend of your own would.
+/// For a per-key limit in one process, use [`KeyedBucket`](bucket4rs_local::KeyedBucket):
+/// no async manager, no records, no codec, one lock-free word per key.
 ///
-/// - **Atomic per key**: a transaction runs with the key's shard locked exclusively, so the
-///   core runs once per call with no retry loop; the backend is
+/// - **Atomic per key**: a transaction runs with the key's shard of a sharded map locked
+///   exclusively, so it reads, applies and writes once, with no retry loop; the backend is
 ///   [in-process](Backend::is_in_process) (the manager skips its timeout and retries).
-/// - **Bounded memory, exactly**: a record is forgotten only when a bucket recreated from its
-///   configuration would answer every later request as the kept one (the keyed bucket's rule,
-///   [`BucketState::forgettable_at`](bucket4rs_core::BucketState::forgettable_at)), judged on
-///   this backend's clock; buckets that can never be forgotten stay until removed. Forgettable
-///   records are swept when the map has doubled since the last sweep, when the key cap is
-///   reached, and by [`sweep`](Self::sweep).
-/// - **Optional hard cap** ([`with_max_keys`](Self::with_max_keys)): once that many keys have
-///   a record and none can be forgotten, a new key is refused with
-///   [`BackendErrorKind::CapacityExhausted`] rather than evicting a key whose bucket is not
-///   full.
+/// - **Expiry, as asked**: a record written with a TTL expires that long after the write, on
+///   this backend's clock; an expired record reads as absent and is dropped when it is next
+///   touched, by a sweep once the map has doubled since the last one, when the key cap is
+///   reached, or by [`sweep`](Self::sweep). The manager asks for the TTL after which a bucket
+///   recreated from the record's configuration answers every request as the stored one, plus
+///   its [margin](crate::ManagerBuilder::ttl_margin), so expiry never changes an answer; a
+///   record written without one stays until it is removed.
+/// - **Optional hard cap** ([`with_max_keys`](Self::with_max_keys)): once that many keys hold
+///   a record that has not expired, a new key is refused with
+///   [`BackendErrorKind::CapacityExhausted`], never by evicting a live record.
 /// - **Clock**: [`FastClock`] by default (epoch nanoseconds advanced by the CPU's counter: never
 ///   steps back with the wall clock), or any [`Clock`] ([`with_clock`](Self::with_clock)).
 ///   Managers read it as the backend's time ([`TimeSource::backend`](crate::TimeSource::backend),
-///   their default here); a manager on a client time source should use the same clock, since
-///   forgetting is judged on this one.
+///   their default here); expiry is judged on it whatever the manager's time source.
+/// - **Keys** are hashed with SipHash under a random key (`std`'s `RandomState`), as storage
+///   keys come from clients.
 ///
 /// ```
 /// use bucket4rs_core::{Bandwidth, BucketConfiguration};
@@ -60,13 +67,32 @@ type SharedClock = Arc<dyn Clock + Send + Sync>;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct EmbeddedBackend {
-    store: KeyedBucket<Box<[u8]>, SharedClock>,
+    map: DashMap<StorageKey, Stored>,
+    clock: SharedClock,
+    max_keys: Option<usize>,
+    /// Keys in the map (expired ones included until dropped): what the cap counts.
+    len: AtomicUsize,
+    /// The length above which the next write sweeps.
+    next_sweep: AtomicUsize,
+}
+
+/// A key's record and when it expires (a reading of the backend's clock; `None`: never).
+struct Stored {
+    record: Vec<u8>,
+    expires_at: Option<i64>,
+}
+
+impl Stored {
+    fn live(&self, now: i64) -> bool {
+        self.expires_at.is_none_or(|at| now < at)
+    }
 }
 
 impl fmt::Debug for EmbeddedBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EmbeddedBackend")
             .field("keys", &self.len())
+            .field("max_keys", &self.max_keys)
             .finish_non_exhaustive()
     }
 }
@@ -95,16 +121,16 @@ impl EmbeddedBackend {
     /// assert!(backend.is_empty());
     /// ```
     pub fn with_clock(clock: impl Clock + Send + Sync + 'static) -> Self {
-        Self::on(Arc::new(clock), None).unwrap_or_else(|_| unreachable!("no key cap"))
+        Self {
+            map: DashMap::new(),
+            clock: Arc::new(clock),
+            max_keys: None,
+            len: AtomicUsize::new(0),
+            next_sweep: AtomicUsize::new(MIN_SWEEP_INTERVAL),
+        }
     }
 
-    fn on(clock: SharedClock, max_keys: Option<usize>) -> Result<Self, ConfigError> {
-        Ok(Self {
-            store: record_store(clock, max_keys)?,
-        })
-    }
-
-    /// The same backend (it must still be empty) holding at most `max_keys` keys at once.
+    /// The same backend holding at most `max_keys` keys with a live record at once.
     ///
     /// # Errors
     /// [`ConfigError::ZeroMaxKeys`]: a cap of zero would refuse every key.
@@ -114,46 +140,122 @@ impl EmbeddedBackend {
     /// assert!(bucket4rs_distributed::EmbeddedBackend::new().with_max_keys(0).is_err());
     /// # Ok::<(), bucket4rs_core::ConfigError>(())
     /// ```
-    pub fn with_max_keys(self, max_keys: usize) -> Result<Self, ConfigError> {
-        let clock = Arc::clone(self.store.clock());
-        Self::on(clock, Some(max_keys))
+    pub fn with_max_keys(mut self, max_keys: usize) -> Result<Self, ConfigError> {
+        if max_keys == 0 {
+            return Err(ConfigError::ZeroMaxKeys);
+        }
+        self.max_keys = Some(max_keys);
+        Ok(self)
     }
 
-    /// How many keys have a record.
+    /// How many keys hold a record (expired records not yet dropped included).
     ///
     /// ```
     /// assert_eq!(bucket4rs_distributed::EmbeddedBackend::new().len(), 0);
     /// ```
     pub fn len(&self) -> usize {
-        self.store.len()
+        self.len.load(Ordering::Relaxed)
     }
 
-    /// Whether no key has a record.
+    /// Whether no key holds a record.
     ///
     /// ```
     /// assert!(bucket4rs_distributed::EmbeddedBackend::new().is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
-        self.store.is_empty()
+        self.len() == 0
     }
 
-    /// Forgets every record a fresh one would replace exactly; returns how many.
+    /// Drops every expired record; returns how many.
     ///
     /// ```
     /// assert_eq!(bucket4rs_distributed::EmbeddedBackend::new().sweep(), 0);
     /// ```
     pub fn sweep(&self) -> usize {
-        self.store.sweep()
+        self.sweep_at(self.clock.now_nanos())
+    }
+
+    fn sweep_at(&self, now: i64) -> usize {
+        let mut dropped = 0;
+        self.map.retain(|_, stored| {
+            let live = stored.live(now);
+            dropped += usize::from(!live);
+            live
+        });
+        let left = self
+            .len
+            .fetch_sub(dropped, Ordering::Relaxed)
+            .saturating_sub(dropped);
+        self.next_sweep.store(
+            left.saturating_mul(2).max(MIN_SWEEP_INTERVAL),
+            Ordering::Relaxed,
+        );
+        dropped
+    }
+
+    /// Counts one more key, within the cap.
+    fn count_key(&self) -> bool {
+        match self.max_keys {
+            None => {
+                self.len.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Some(max) => self
+                .len
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < max).then_some(n + 1)
+                })
+                .is_ok(),
+        }
+    }
+
+    /// Runs `tx` on the absent (or expired, then dropped) key of `entry`.
+    fn create(
+        &self,
+        entry: Entry<'_, StorageKey, Stored>,
+        tx: &mut dyn Transaction,
+        now: i64,
+    ) -> Result<(), BackendError> {
+        let backend_now = tx.needs_backend_clock().then_some(now);
+        let write = tx.apply(None, backend_now);
+        match (entry, write) {
+            (Entry::Occupied(mut o), Write::Put { record, ttl }) => {
+                *o.get_mut() = Stored::new(record, ttl, now);
+            }
+            (Entry::Occupied(o), _) => {
+                o.remove();
+                self.len.fetch_sub(1, Ordering::Relaxed);
+            }
+            (Entry::Vacant(v), Write::Put { record, ttl }) => {
+                if !self.count_key() {
+                    return Err(BackendError::new(
+                        BackendErrorKind::CapacityExhausted,
+                        "the embedded backend holds its maximum number of keys",
+                    ));
+                }
+                v.insert(Stored::new(record, ttl, now));
+            }
+            (Entry::Vacant(_), _) => {}
+        }
+        Ok(())
     }
 }
 
-fn capacity_exhausted(e: KeyedError) -> BackendError {
-    match e {
-        KeyedError::TooManyKeys { .. } => BackendError::new(
-            BackendErrorKind::CapacityExhausted,
-            "the embedded backend holds its maximum number of keys",
-        ),
-        other => BackendError::new(BackendErrorKind::Other, other.to_string()),
+impl Stored {
+    fn new(record: Vec<u8>, ttl: Option<core::time::Duration>, now: i64) -> Self {
+        // A TTL beyond the clock's range never comes: the record is kept.
+        let expires_at = ttl
+            .and_then(|t| i64::try_from(t.as_nanos()).ok())
+            .and_then(|t| now.checked_add(t));
+        Self { record, expires_at }
+    }
+
+    /// Runs `tx` on this live record and stores what it writes.
+    fn run(&mut self, tx: &mut dyn Transaction, now: i64) {
+        let backend_now = tx.needs_backend_clock().then_some(now);
+        if let Write::Put { record, ttl } = tx.apply(Some(&self.record), backend_now) {
+            *self = Self::new(record, ttl, now);
+        }
     }
 }
 
@@ -164,30 +266,47 @@ impl Backend for EmbeddedBackend {
         key: &StorageKey,
         tx: &mut dyn Transaction,
     ) -> Result<(), BackendError> {
-        update(&self.store, key.as_bytes(), |current, now| {
-            let bytes = current.map(|(config, state)| format::encode(config, state));
-            let backend_now = tx.needs_backend_clock().then_some(now);
-            match tx.apply(bytes.as_deref(), backend_now) {
-                Write::Put { record, .. } => match format::decode(&record) {
-                    Ok(r) => ((), Update::Put(r.config, r.state)),
-                    // The manager encodes what it decoded: never, but then store nothing.
-                    Err(_) => ((), Update::Keep),
-                },
-                _ => ((), Update::Keep),
+        let now = self.clock.now_nanos();
+        // A key with a record: found without allocating, its shard locked while `tx` runs.
+        if let Some(mut stored) = self.map.get_mut(key) {
+            if stored.live(now) {
+                stored.run(tx, now);
+                return Ok(());
             }
-        })
-        .map_err(capacity_exhausted)
+        }
+        // Room is made before the key's shard is locked (a sweep locks every shard).
+        let full = self.max_keys.is_some_and(|max| self.len() >= max);
+        if full || self.len() > self.next_sweep.load(Ordering::Relaxed) {
+            self.sweep_at(now);
+        }
+        match self.map.entry(key.clone()) {
+            // Written by another caller since the look-up: run on that record.
+            Entry::Occupied(mut o) if o.get().live(now) => {
+                o.get_mut().run(tx, now);
+                Ok(())
+            }
+            entry => self.create(entry, tx, now),
+        }
     }
 
     async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+        let now = self.clock.now_nanos();
         Ok(self
-            .store
-            .snapshot(key.as_bytes())
-            .map(|s| format::encode(s.configuration(), s.state())))
+            .map
+            .get(key)
+            .filter(|s| s.live(now))
+            .map(|s| s.record.clone()))
     }
 
     async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
-        Ok(self.store.remove(key.as_bytes()))
+        let now = self.clock.now_nanos();
+        match self.map.remove(key) {
+            Some((_, stored)) => {
+                self.len.fetch_sub(1, Ordering::Relaxed);
+                Ok(stored.live(now))
+            }
+            None => Ok(false),
+        }
     }
 
     fn is_in_process(&self) -> bool {
@@ -195,7 +314,7 @@ impl Backend for EmbeddedBackend {
     }
 
     fn clock(&self) -> BackendClock {
-        if self.store.clock().is_wall_clock_based() {
+        if self.clock.is_wall_clock_based() {
             BackendClock::WallClock
         } else {
             BackendClock::Monotonic

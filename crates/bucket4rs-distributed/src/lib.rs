@@ -11,9 +11,10 @@
 //!   no state yet); replacing it is explicit. Async first (tokio), with a
 //!   [blocking form](RemoteBucket::as_blocking) and a [verbose form](RemoteBucket::as_verbose).
 //! - [`Backend`] is the public storage trait (see `docs/custom-backend.md`).
-//! - [`EmbeddedBackend`] (default): in-process, bounded memory: the local
-//!   [`KeyedBucket`](bucket4rs_local::KeyedBucket)'s map behind the backend trait (for a
-//!   per-key limit in one process without the async manager, use the keyed bucket itself).
+//! - [`EmbeddedBackend`] (default): an in-process store of record bytes with the expiry the
+//!   manager asks for, a stand-in for a remote store written against the public backend
+//!   trait only. For a per-key limit in one process, use
+//!   [`KeyedBucket`](bucket4rs_local::KeyedBucket).
 //! - `RedisBackend` (feature `redis`): one round trip per operation, atomic under any number
 //!   of clients, exact despite Lua's doubles (see `docs/distributed.md`).
 //! - `PostgresBackend` (feature `postgres`): one statement per operation in the common case,

@@ -50,23 +50,11 @@ where
         _wall: bool,
     ) -> Result<(O::Output, bool), DistributedError> {
         let Record { config, state } = record;
-        if state.bandwidths().len() != config.bandwidths().len() {
-            return Err(OperationError::StateMismatch.into());
-        }
-        // `execute` computes everything before its first write, so an error leaves the
-        // state untouched.
-        let cells = core::cell::Cell::from_mut(state.bandwidths_mut()).as_slice_of_cells();
-        let mut wrote = false;
-        let value = ops::execute(
-            &self.0,
-            config,
-            now,
-            |i| cells[i].get(),
-            |i, s| {
-                cells[i].set(s);
-                wrote = true;
-            },
-        )?;
+        // `apply` computes everything before its first write, so an error leaves the state
+        // untouched; the record is rewritten only when the operation changed the state.
+        let before = state.clone();
+        let value = state.apply(config, now, &self.0)?;
+        let wrote = *state != before;
         Ok((value, wrote))
     }
 }

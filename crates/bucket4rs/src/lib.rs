@@ -9,7 +9,7 @@
 //! | a bucket used by one thread only | [`UnsyncBucket`] (`build_unsynchronized()`) | cheapest; `!Sync`, so sharing it is a compile error |
 //! | a strategy read from a configuration file | `build_with(strategy)` | a two-way `match`, still no dynamic dispatch |
 //! | one limit per key shared by many processes | [`distributed`] (`redis`/`postgres` features) | exact, atomic, one round trip per operation |
-//! | one limit per key inside one process | [`distributed::EmbeddedBackend`] | bounded memory: idle keys are dropped once full again |
+//! | one limit per key inside one process | [`KeyedBucket`] | one lock-free word per key, looked up by `&str`; bounded memory: a key's bucket is dropped once a fresh one would answer the same |
 //!
 //! `cargo xtask bench` measures the strategies against each other and against governor on your
 //! machine (see `docs/benchmarks.md` in the repository).
@@ -26,7 +26,7 @@
 //! | `listeners` | | [`listeners`]: counters and composition |
 //! | `metrics` | | a listener reporting through the `metrics` facade |
 //! | `tracing` | | a listener emitting `tracing` events |
-//! | `distributed` | | [`distributed`]: proxy manager, backend trait, embedded backend |
+//! | `distributed` | | [`distributed`]: proxy manager, backend trait, embedded store (an in-process stand-in for a remote store) |
 //! | `redis` | | the Redis backend |
 //! | `postgres` | | the PostgreSQL backend |
 //! | `tower` | | [`tower`]: the HTTP layer for tower and axum (429, `Retry-After`, `RateLimit` headers, plans files) |

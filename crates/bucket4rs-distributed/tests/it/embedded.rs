@@ -1,4 +1,4 @@
-//! The embedded backend: conformance, concurrency, expiry and the key cap.
+//! The embedded backend: conformance, concurrency, expiry as asked and the key cap.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,9 +58,9 @@ fn idle_key_is_dropped_exactly_when_full_again_never_earlier() {
     });
 }
 
-/// A key in use is never forgotten; once idle it is forgotten exactly when a fresh bucket
-/// would hold what it holds (full again), never a nanosecond earlier, whatever the manager's
-/// TTL margin (the embedded backend needs none: it judges on its own clock).
+/// A key in use is never forgotten; once idle its record expires exactly when a fresh bucket
+/// would hold what it holds (full again) plus the manager's TTL margin, never a nanosecond
+/// earlier: the store honours the TTL it is given, as Redis honours `PX`.
 #[test]
 fn a_busy_key_is_never_forgotten_and_an_idle_one_exactly_when_full() {
     let rt = runtime();
@@ -94,7 +94,7 @@ fn a_busy_key_is_never_forgotten_and_an_idle_one_exactly_when_full() {
         .unwrap()
         .time_until_full();
     assert!(tokens < 10 && !full_in.is_zero());
-    clock.advance(full_in - Duration::from_nanos(1));
+    clock.advance(full_in + Duration::from_millis(700) - Duration::from_nanos(1));
     assert_eq!(m.backend().sweep(), 0);
     clock.advance_nanos(1);
     assert_eq!(m.backend().sweep(), 1);
@@ -445,7 +445,10 @@ fn fault_embedded_expiry_is_total_at_the_extremes_of_the_clock() {
         i64::MIN + 1,
     ] {
         let clock = ManualClock::new(start);
-        let m = ProxyManager::new(EmbeddedBackend::with_clock(clock.clone()));
+        let m = ProxyManager::configure(EmbeddedBackend::with_clock(clock.clone()))
+            .ttl_margin(Duration::ZERO)
+            .build()
+            .unwrap();
         let config = simple(10, Duration::from_secs(10));
         let local = bucket4rs_local::Bucket::builder()
             .with_configuration(&config)

@@ -305,24 +305,3 @@ impl<K: Hash + Eq, C: Clock, L: BucketListener, S: BuildHasher + Clone>
         )))
     }
 }
-
-impl<K: Hash + Eq, C: Clock> KeyedBucket<K, C> {
-    /// A keyed bucket whose callers bring each key's configuration ([`KeyedBucket::update`]):
-    /// synchronized buckets only (their callers may read another clock than `clock`, so the
-    /// compact word, which keeps no refill time, does not apply).
-    pub(crate) fn stored(clock: C, max_keys: Option<usize>) -> Result<Self, ConfigError> {
-        if max_keys == Some(0) {
-            return Err(ConfigError::ZeroMaxKeys);
-        }
-        let wall_clock = clock.is_wall_clock_based();
-        Ok(KeyedBucket::from_shared(Shared::new(
-            Map::with_hasher(DefaultHasher::default()),
-            Source::Stored,
-            clock,
-            NoopListener,
-            false,
-            wall_clock,
-            max_keys,
-        )))
-    }
-}

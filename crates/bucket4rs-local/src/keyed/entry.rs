@@ -193,7 +193,6 @@ impl Entry {
     ) -> Result<bool, i64> {
         let same = |config: &BucketConfiguration| match recreated {
             Recreated::Never => false,
-            Recreated::Same => true,
             Recreated::With(r) => same(config, r),
             Recreated::Owned(r) => same(config, r),
         };
@@ -304,8 +303,6 @@ fn compact_state(plan: &Plan, w: u64, now: i64) -> Option<Bucket> {
 pub(crate) enum Recreated<'a> {
     /// None: the key would be unknown, so its bucket is never forgotten.
     Never,
-    /// Its own (the caller brings it each time).
-    Same,
     /// This one.
     With(&'a BucketConfiguration),
     /// This one, chosen for the key just now.

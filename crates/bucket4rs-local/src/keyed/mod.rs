@@ -79,21 +79,6 @@ enum Source<K> {
     One(BucketConfiguration),
     /// Chosen per key on first use; `None`: the key is unknown.
     PerKey(PerKey<K>),
-    /// Stored by the callers of [`update`](KeyedBucket::update), who bring a key's
-    /// configuration each time (the distributed crate's embedded backend): a key is
-    /// recreated from its own configuration.
-    Stored,
-}
-
-/// What the keyed bucket's update of a key does with its bucket.
-// Hidden: part of `__private` (the embedded backend's store mode), which #30 deletes.
-#[doc(hidden)]
-#[derive(Debug)]
-pub enum Update {
-    /// Leave it as it is (or absent).
-    Keep,
-    /// Store this configuration and state.
-    Put(BucketConfiguration, BucketState),
 }
 
 /// A form of a key of type `K` that a keyed bucket's methods take, as `HashMap::get` does:
@@ -487,7 +472,6 @@ where
                 config.check_clock(self.shared.wall_clock)?;
                 Ok((Some(owned), Cow::Owned(config)))
             }
-            Source::Stored => Err(KeyedError::UnknownKey),
         }
     }
 
@@ -541,7 +525,6 @@ where
         match &self.shared.source {
             Source::One(config) => Recreated::With(config),
             Source::PerKey(f) => f(key).map_or(Recreated::Never, Recreated::Owned),
-            Source::Stored => Recreated::Same,
         }
     }
 
@@ -739,67 +722,6 @@ where
         key: &Q,
     ) -> Result<A::Of<i64>, KeyedError> {
         self.execute(key, ops::AvailableTokens)
-    }
-
-    /// Runs `f` on `key`'s configuration and state (`None`: no bucket), at the reading it is
-    /// given, with exclusive access to the key, and stores what it answers. For the callers
-    /// that keep a configuration per key themselves (see `Source::Stored`).
-    pub(crate) fn update<Q, T>(
-        &self,
-        key: &Q,
-        f: impl FnOnce(Option<(&BucketConfiguration, &BucketState)>, i64) -> (T, Update),
-    ) -> Result<T, KeyedError>
-    where
-        Q: KeyRef<K> + ?Sized,
-    {
-        let shared = &*self.shared;
-        let now = shared.clock.now_nanos();
-        // Room is made before the lock is taken (a sweep takes it), unless the last sweep
-        // found that none can be made yet.
-        if shared.max_keys.is_some_and(|max| self.len() >= max)
-            && now >= shared.room_at.load(Ordering::Relaxed)
-        {
-            shared.structure.with(|_| self.sweep_locked(now, now));
-        }
-        let out = shared.structure.with(|_| {
-            let current = shared
-                .map
-                .get(key, |e| e.and_then(|e| e.snapshot(&shared.plans, now)));
-            let (out, update) = f(current.as_ref().map(|(c, s)| (c, s)), now);
-            if let Update::Put(config, state) = update {
-                if current.is_none() {
-                    shared.map.remove_if(key, Entry::is_gone);
-                    let room = match shared.max_keys {
-                        None => shared.len.fetch_add(1, Ordering::Relaxed) < usize::MAX,
-                        Some(max) => {
-                            let taken = shared
-                                .len
-                                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                                    (n < max).then_some(n + 1)
-                                })
-                                .is_ok();
-                            if taken && shared.room_at.load(Ordering::Relaxed) > now {
-                                shared.room_at.store(now, Ordering::Relaxed);
-                            }
-                            taken
-                        }
-                    };
-                    if !room {
-                        return Err(self.too_many());
-                    }
-                } else {
-                    shared.map.get(key, |e| e.map(Entry::kill));
-                }
-                let entry = Entry::new(&shared.plans, &config, state, now, shared.monotonic);
-                shared.map.insert(key.to_key(), entry);
-            }
-            Ok(out)
-        })?;
-        if self.len() > shared.next_sweep.load(Ordering::Relaxed) {
-            let since = shared.swept_at.load(Ordering::Relaxed);
-            shared.structure.with(|_| self.sweep_locked(now, since));
-        }
-        Ok(out)
     }
 }
 
