@@ -7,26 +7,19 @@ use bucket4rs_core::{Bandwidth, BucketConfiguration, Clock, ManualClock};
 use bucket4rs_distributed::{
     Backend, BackendErrorKind, DistributedError, EmbeddedBackend, ProxyManager, TimeSource,
 };
-use bucket4rs_test::replay_all;
 
-use crate::common::{self, build, runtime, simple};
+use crate::common::{self, runtime, simple};
 
+/// Every promise of the backend trait, through the public kit, on one store shared by all of
+/// its clients.
 #[test]
-fn every_trace_replays_through_the_embedded_backend() {
-    let rt = runtime();
-    let backend = Arc::new(EmbeddedBackend::new());
-    let mut n = 0;
-    replay_all("embedded", |config, clock| {
-        n += 1;
-        build(
-            &rt,
-            backend.clone(),
-            "conf",
-            &format!("trace-{n}"),
-            config,
-            clock,
-        )
-    });
+fn the_embedded_backend_replays_the_backend_kit() {
+    let store = Arc::new(EmbeddedBackend::new());
+    bucket4rs_testkit::BackendKit::new("embedded", move || {
+        let store = Arc::clone(&store);
+        async move { Ok::<_, String>(store) }
+    })
+    .run();
 }
 
 fn manual(clock: &ManualClock, backend: EmbeddedBackend) -> ProxyManager<EmbeddedBackend> {
@@ -161,39 +154,6 @@ fn key_cap_refuses_new_keys_but_never_evicts_a_non_full_bucket() {
         assert!(make("c").try_consume(1).await.unwrap());
         assert_eq!(m.backend().len(), 2);
     });
-}
-
-#[test]
-fn concurrent_tasks_never_overdraw_one_key() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let m = ProxyManager::new(EmbeddedBackend::new());
-    let config = simple(1_000, Duration::from_secs(1_000_000_000));
-    let granted: u64 = rt.block_on(async {
-        let mut tasks = Vec::new();
-        for _ in 0..8 {
-            let c = config.clone();
-            let b = m.builder().build("hot", move || c.clone()).unwrap();
-            tasks.push(tokio::spawn(async move {
-                let mut n = 0;
-                for _ in 0..500 {
-                    if b.try_consume(1).await.unwrap() {
-                        n += 1;
-                    }
-                }
-                n
-            }));
-        }
-        let mut total = 0;
-        for t in tasks {
-            total += t.await.unwrap();
-        }
-        total
-    });
-    assert_eq!(granted, 1_000);
 }
 
 #[test]
@@ -377,55 +337,6 @@ fn keys_of_every_length_are_distinct_buckets() {
         }
         assert!(m.backend().is_empty());
     });
-}
-
-fn starts_empty() -> BucketConfiguration {
-    BucketConfiguration::builder()
-        .add_bandwidth(
-            Bandwidth::builder()
-                .capacity(5)
-                .refill_greedy(5, Duration::from_secs(2))
-                .initial_tokens(0)
-                .build()
-                .unwrap(),
-        )
-        .build()
-        .unwrap()
-}
-
-/// The scenario: a plan whose buckets start empty. One request, wait past full, three
-/// requests, wait past full plus the margin, five requests: all five are granted, because
-/// the record is kept (a recreated one would start empty again).
-#[test]
-fn fault_expiry_never_takes_tokens_from_an_idle_bucket_that_starts_empty() {
-    let rt = runtime();
-    let clock = ManualClock::new(1_000_000_000);
-    let m = ProxyManager::configure(EmbeddedBackend::with_clock(clock.clone()))
-        .ttl_margin(Duration::from_millis(500))
-        .build()
-        .unwrap();
-    let bucket = m.builder().build("idle", starts_empty).unwrap();
-    let granted = rt.block_on(async {
-        assert!(!bucket.try_consume(1).await.unwrap());
-        clock.advance(Duration::from_millis(2_500));
-        for _ in 0..3 {
-            assert!(bucket.try_consume(1).await.unwrap());
-        }
-        clock.advance(Duration::from_secs(6));
-        assert_eq!(
-            m.backend().sweep(),
-            0,
-            "a record that starts empty was forgotten"
-        );
-        let mut granted = 0;
-        for _ in 0..5 {
-            granted += u32::from(bucket.try_consume(1).await.unwrap());
-        }
-        granted
-    });
-    println!("fault: embedded expiry, initial 0: granted {granted} of 5 after idling full");
-    assert_eq!(granted, 5);
-    assert_eq!(m.backend().len(), 1);
 }
 
 /// Readings at the extremes of the clock (near `i64::MAX`, around 0, negative): a used bucket
