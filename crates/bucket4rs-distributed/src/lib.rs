@@ -19,6 +19,9 @@
 //!   of clients, exact despite Lua's doubles (see `docs/distributed.md`).
 //! - `PostgresBackend` (feature `postgres`): one statement per operation in the common case,
 //!   shipped schema and migration, expiry reaper (see `docs/distributed.md`).
+//! - `SqliteBackend` (feature `sqlite`): one file on this machine, shared exactly by its
+//!   processes and kept across restarts; one transaction per operation on a thread of its
+//!   own, so async callers never wait on its I/O.
 //! - [`format`](mod@format): the compact, versioned record; [`StorageKey`]: safe key names.
 //!   What to answer while a backend is down is the caller's decision
 //!   ([`DistributedError::is_unavailable`]; the HTTP layer's `FailurePolicy`).
@@ -44,6 +47,7 @@
 //! - `redis`: the Redis backend (`redis` crate with tokio and its multiplexed connection
 //!   manager).
 //! - `postgres`: the PostgreSQL backend (`tokio-postgres` with a `deadpool-postgres` pool).
+//! - `sqlite`: the SQLite backend (`rusqlite` with the library bundled: nothing to install).
 #![forbid(unsafe_code)]
 #![cfg_attr(bucket4rs_docsrs, feature(doc_cfg))]
 
@@ -56,11 +60,15 @@ mod key;
 mod manager;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod reaper;
 mod record;
 #[cfg(feature = "redis")]
 mod redis_backend;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod skew;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod tls;
 
@@ -73,11 +81,13 @@ pub use manager::{
     RemoteBucketBuilder, RetryPolicy, TimeSource,
 };
 #[cfg(feature = "postgres")]
-pub use postgres::{
-    InvalidTableName, PostgresBackend, PostgresOptions, PostgresStats, Reaper, SslMode,
-};
+pub use postgres::{InvalidTableName, PostgresBackend, PostgresOptions, PostgresStats, SslMode};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use reaper::Reaper;
 #[cfg(feature = "redis")]
 pub use redis_backend::{RedisBackend, RedisOptions, RedisStats};
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteBackend, SqliteOptions};
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub use tls::{TlsError, TlsOptions};
 

@@ -40,7 +40,7 @@
 //!
 //! # Minimum supported Rust version
 //!
-//! Rust 1.88 (edition 2024). Raising it is a minor-version change.
+//! Rust 1.89 (edition 2024). Raising it is a minor-version change.
 //!
 //! # Coming from Bucket4j
 //!

@@ -45,6 +45,7 @@ use deadpool_postgres::{Pool, Runtime};
 use crate::backend::{Backend, BackendClock, Transaction, Write};
 use crate::error::{BackendError, BackendErrorKind};
 use crate::key::StorageKey;
+use crate::reaper::Reaper;
 use crate::skew::{ClockOffset, host_micros};
 use crate::tls::TlsOptions;
 
@@ -396,7 +397,7 @@ impl PostgresBackend {
                 tokio::time::sleep(every).await;
             }
         });
-        Reaper { task }
+        Reaper::new(task)
     }
 
     /// A snapshot of the counters.
@@ -636,27 +637,6 @@ impl PostgresBackend {
             slots.retain(|_, s| Arc::strong_count(s) > 1);
         }
         slots.entry(key.clone()).or_default().clone()
-    }
-}
-
-/// The background reaper task of [`PostgresBackend::spawn_reaper`]; stops when dropped.
-///
-/// ```no_run
-/// # use bucket4rs_distributed::{PostgresBackend, PostgresOptions}; use std::time::Duration;
-/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// # let backend = PostgresBackend::connect("postgres://postgres@127.0.0.1/test", PostgresOptions::default()).await?;
-/// let reaper = backend.spawn_reaper(Duration::from_secs(30), 500);
-/// drop(reaper); // stops it
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct Reaper {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

@@ -19,6 +19,6 @@ mod golden;
 mod redis;
 #[cfg(feature = "redis")]
 mod redis_faults;
-mod waits;
 #[cfg(feature = "redis")]
 mod redis_tls;
+mod waits;
