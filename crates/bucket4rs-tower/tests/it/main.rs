@@ -80,12 +80,17 @@ struct Store {
 impl Store {
     fn new(kind: Kind, max_keys: usize) -> Self {
         let clock = ManualClock::new(1_000_000_000);
+        // No TTL margin: the store expires a record when its TTL says, so a key is forgotten
+        // exactly when full again, as in the in-process store.
         let manager = (kind == Kind::Remote).then(|| {
-            ProxyManager::new(
+            ProxyManager::configure(
                 EmbeddedBackend::with_clock(clock.clone())
                     .with_max_keys(max_keys)
                     .unwrap(),
             )
+            .ttl_margin(Duration::ZERO)
+            .build()
+            .unwrap()
         });
         Self {
             kind,
