@@ -268,11 +268,11 @@ impl Backend for EmbeddedBackend {
     ) -> Result<(), BackendError> {
         let now = self.clock.now_nanos();
         // A key with a record: found without allocating, its shard locked while `tx` runs.
-        if let Some(mut stored) = self.map.get_mut(key) {
-            if stored.live(now) {
-                stored.run(tx, now);
-                return Ok(());
-            }
+        if let Some(mut stored) = self.map.get_mut(key)
+            && stored.live(now)
+        {
+            stored.run(tx, now);
+            return Ok(());
         }
         // Room is made before the key's shard is locked (a sweep locks every shard).
         let full = self.max_keys.is_some_and(|max| self.len() >= max);
