@@ -21,6 +21,8 @@ pub enum Store {
     Redis(String),
     /// PostgreSQL at this URL: instances share limits.
     Postgres(String),
+    /// This SQLite file: limits survive a restart; instances on this machine share them.
+    Sqlite(String),
 }
 
 /// What limited requests get while the shared store cannot decide (`--on-backend-failure`).
@@ -83,7 +85,7 @@ pub struct Args {
     pub addr: SocketAddr,
     /// `--plans FILE` (default: the shipped `plans.toml`).
     pub plans: Option<String>,
-    /// `--redis URL` / `--postgres URL`.
+    /// `--redis URL` / `--postgres URL` / `--sqlite FILE`.
     pub store: Store,
     /// `--key-prefix P`: the storage key prefix (default `bookshelf`).
     pub key_prefix: String,
@@ -124,7 +126,7 @@ impl core::error::Error for ArgsError {}
 pub const USAGE: &str = "\
 bookshelf: the Bookshelf API, rate-limited by bucket4rs-tower
 
-USAGE: bookshelf [--addr HOST:PORT] [--plans FILE] [--redis URL | --postgres URL]
+USAGE: bookshelf [--addr HOST:PORT] [--plans FILE] [--redis URL | --postgres URL | --sqlite FILE]
                  [--key-prefix P] [--max-keys N] [--backend-timeout D]
                  [--on-backend-failure error|deny|fallback:RATE] [--connections N]
                  [--key api-key|ip] [--trusted-proxy CIDR]...
@@ -135,6 +137,8 @@ USAGE: bookshelf [--addr HOST:PORT] [--plans FILE] [--redis URL | --postgres URL
   --plans FILE          plans file (default: the shipped plans.toml)
   --redis URL           keep buckets in Redis, shared by every instance
   --postgres URL        keep buckets in PostgreSQL, shared by every instance
+  --sqlite FILE         keep buckets in this SQLite file: kept across restarts, shared by
+                        every instance on this machine
   --key-prefix P        storage key prefix (default bookshelf)
   --max-keys N          key cap of the in-process store (default 1000000; at the cap a
                         new key gets the failure policy's answer)
@@ -265,6 +269,7 @@ impl Args {
                 "--plans" => out.plans = Some(value(f)?),
                 "--redis" => out.store = Store::Redis(value(f)?),
                 "--postgres" => out.store = Store::Postgres(value(f)?),
+                "--sqlite" => out.store = Store::Sqlite(value(f)?),
                 "--key-prefix" => out.key_prefix = value(f)?,
                 "--max-keys" => {
                     out.max_keys = count(f, &value(f)?, usize::MAX, "keys would refuse every key")?;

@@ -5,6 +5,7 @@ use core::time::Duration;
 use axum::Router;
 use bucket4rs_distributed::{
     Backend, PostgresBackend, PostgresOptions, ProxyManager, RedisBackend, RedisOptions,
+    SqliteBackend, SqliteOptions,
 };
 use bucket4rs_tower::{PlanTable, RateLimit, RateLimitLayer};
 
@@ -68,6 +69,25 @@ pub fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), String> 
                 shared(args, backend, plans)?,
                 format!("PostgreSQL at {url}"),
             ))
+        }
+        Store::Sqlite(file) => {
+            // A file on this machine: opened now (milliseconds, on the backend's own thread),
+            // so a path that cannot be a database stops the server at start.
+            let path = file.clone();
+            let opened = std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .map_err(|e| e.to_string())?
+                    .block_on(SqliteBackend::open(&path, SqliteOptions::default()))
+                    .map_err(|e| e.to_string())
+            })
+            .join()
+            .map_err(|_| "--sqlite: opening the file panicked".to_owned())?;
+            let backend = opened.map_err(|e| format!("--sqlite {file}: {e}"))?;
+            // Expired rows are invisible at once; the reaper frees their space for the life of
+            // the process (its handle, which would stop it, is never dropped).
+            std::mem::forget(backend.spawn_reaper(Duration::from_secs(30), 1_000));
+            Ok((shared(args, backend, plans)?, format!("SQLite file {file}")))
         }
     }
 }

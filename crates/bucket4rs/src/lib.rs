@@ -8,7 +8,7 @@
 //! | a bucket hammered by many threads at once | [`SynchronizedBucket`] (`build_synchronized()`) | the losing thread parks instead of retrying, so the winner's cache line stays hot |
 //! | a bucket used by one thread only | [`UnsyncBucket`] (`build_unsynchronized()`) | cheapest; `!Sync`, so sharing it is a compile error |
 //! | a strategy read from a configuration file | `build_with(strategy)` | a two-way `match`, still no dynamic dispatch |
-//! | one limit per key shared by many processes | [`distributed`] (`redis`/`postgres` features) | exact, atomic, one round trip per operation |
+//! | one limit per key shared by many processes | [`distributed`] (`redis`/`postgres` features; `sqlite` on one machine) | exact, atomic, one round trip per operation |
 //! | one limit per key inside one process | [`KeyedBucket`] | one lock-free word per key, looked up by `&str`; bounded memory: a key's bucket is dropped once a fresh one would answer the same |
 //!
 //! `cargo xtask bench` measures the strategies against each other and against governor on your
@@ -29,6 +29,7 @@
 //! | `distributed` | | [`distributed`]: proxy manager, backend trait, embedded store (an in-process stand-in for a remote store) |
 //! | `redis` | | the Redis backend |
 //! | `postgres` | | the PostgreSQL backend |
+//! | `sqlite` | | the SQLite backend: one file on this machine, kept across restarts |
 //! | `tower` | | [`tower`]: the HTTP layer for tower and axum (429, `Retry-After`, `RateLimit` headers, plans files) |
 //! | `axum` | | the HTTP layer also reads axum's `ConnectInfo` for the client IP |
 //! | `full` | | all of the above |

@@ -285,6 +285,17 @@ mod postgres {
     }
 }
 
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use bucket4rs::distributed::{SqliteBackend, SqliteOptions};
+
+    #[test]
+    fn sqlite() {
+        let _options = SqliteOptions::default();
+        let _type_exists: Option<SqliteBackend> = None;
+    }
+}
+
 #[cfg(feature = "tower")]
 mod tower {
     use std::time::Duration;

@@ -27,10 +27,14 @@ impl Server {
 
     async fn with(store: RateLimitLayerBuilder) -> Self {
         let plans = bookshelf::load_plans(None).expect("the shipped plans file is valid");
+        Self::serving(bookshelf::app(store, plans).expect("a valid layer")).await
+    }
+
+    /// Serves `app` on a loopback port.
+    async fn serving(app: bookshelf::App) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel();
-        let app = bookshelf::app(store, plans).expect("a valid layer");
         let task = tokio::spawn(bookshelf::serve(listener, app, async {
             let _ = rx.await;
         }));
@@ -364,6 +368,45 @@ async fn two_instances_sharing_postgres_share_one_limit() {
     let a = Server::start(postgres_manager(&prefix).await).await;
     let b = Server::start(postgres_manager(&prefix).await).await;
     shares_one_limit(a, b).await;
+}
+
+/// `--sqlite FILE`: the limits outlive the process. 20 lookups on the free plan (20 a minute,
+/// one back every 3 s), a new instance on the same file: it grants only what refilled since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_on_sqlite_keeps_its_limits_across_a_restart() {
+    let dir = std::env::temp_dir().join(unique_prefix());
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("limits.db").display().to_string();
+    let args = bookshelf::Args::parse(["--sqlite".to_owned(), file.clone()]).unwrap();
+    let start = || bookshelf::app_from(&args, bookshelf::load_plans(None).unwrap()).unwrap();
+    let (app, store) = start();
+    assert_eq!(store, format!("SQLite file {file}"));
+    let client = reqwest::Client::new();
+    let path = "/books/9781449373320";
+    let began = std::time::Instant::now();
+    let first = Server::serving(app).await;
+    for i in 1..=20 {
+        let r = get(&client, &first.url(path), Some("free-demo-key")).await;
+        assert_eq!(r.status(), StatusCode::OK, "lookup {i}");
+    }
+    first.stop().await;
+    let second = Server::serving(start().0).await;
+    let mut granted = 0u64;
+    while get(&client, &second.url(path), Some("free-demo-key"))
+        .await
+        .status()
+        == StatusCode::OK
+    {
+        granted += 1;
+        assert!(granted < 20, "a restart handed out a fresh quota");
+    }
+    let refilled = began.elapsed().as_secs() / 3 + 1;
+    assert!(
+        granted <= refilled,
+        "{granted} granted after the restart, {refilled} refilled at most"
+    );
+    second.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
