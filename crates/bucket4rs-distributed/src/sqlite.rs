@@ -174,20 +174,32 @@ fn thread_gone() -> BackendError {
     )
 }
 
-/// Opens `path` with the schema in place, in WAL mode.
+/// Opens `path` with the schema in place, in WAL mode. A file already set up is only read
+/// (in WAL mode readers never wait for writers), so opening it while other processes write
+/// does not queue for the write lock.
 fn connect(path: &Path, options: &SqliteOptions) -> Result<Connection, rusqlite::Error> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(options.busy_timeout)?;
     // The first statements read the file: a file that is not a database fails here.
-    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(rusqlite::Error::SqliteFailure(
-            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
-            Some(format!("journal mode {mode}, not WAL")),
-        ));
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                Some(format!("journal mode {mode}, not WAL")),
+            ));
+        }
     }
     conn.execute_batch("PRAGMA synchronous = FULL;")?;
-    conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA} COMMIT;"))?;
+    let ready: bool = conn.query_row(
+        "SELECT count(*) = 2 FROM sqlite_master WHERE name IN ('bucket4rs', 'bucket4rs_expires_at')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !ready {
+        conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA} COMMIT;"))?;
+    }
     Ok(conn)
 }
 
