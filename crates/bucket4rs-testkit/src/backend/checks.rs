@@ -689,6 +689,11 @@ fn core_result(op: RandomOp, c: &BucketConfiguration, s: &mut BucketState, now: 
     }
 }
 
+/// A wait in nanoseconds, as the core's operations answer it.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 async fn remote_result<X: Backend>(op: RandomOp, b: &RemoteBucket<X>) -> String {
     fn op_only<T: core::fmt::Debug>(r: Result<T, DistributedError>) -> String {
         match r {
@@ -707,8 +712,12 @@ async fn remote_result<X: Backend>(op: RandomOp, b: &RemoteBucket<X>) -> String 
         RandomOp::Force(n) => op_only(b.force_add_tokens(n).await),
         RandomOp::Reset => op_only(b.reset().await),
         RandomOp::Available => op_only(b.available_tokens().await),
-        RandomOp::Ignoring(n) => op_only(b.consume_ignoring_rate_limits(n).await),
-        RandomOp::Reserve(n, w) => op_only(b.reserve(n, w).await),
+        RandomOp::Ignoring(n) => op_only(b.consume_ignoring_rate_limits(n).await.map(nanos)),
+        RandomOp::Reserve(n, w) => op_only(
+            b.reserve(n, Duration::from_nanos(w))
+                .await
+                .map(|r| r.map(nanos)),
+        ),
     }
 }
 

@@ -23,6 +23,11 @@ fn e(e: DistributedError) -> String {
     e.to_string()
 }
 
+/// A wait in the traces' unit.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl<B: Backend> Engine for Remote<'_, B> {
     fn execute(&mut self, op: &Op) -> Result<Value, String> {
         let b = &self.bucket;
@@ -57,7 +62,7 @@ impl<B: Backend> Engine for Remote<'_, B> {
                 }
                 Op::AvailableTokens => Value::from(b.available_tokens().await.map_err(e)?),
                 Op::ConsumeIgnoringRateLimits(n) => {
-                    Value::from(b.consume_ignoring_rate_limits(*n).await.map_err(e)?)
+                    Value::from(nanos(b.consume_ignoring_rate_limits(*n).await.map_err(e)?))
                 }
                 Op::ReplaceConfiguration(c, s) => {
                     b.replace_configuration(c.clone(), *s).await.map_err(e)?;
@@ -67,7 +72,11 @@ impl<B: Backend> Engine for Remote<'_, B> {
                     tokens,
                     max_wait_nanos,
                 } => {
-                    let parked = b.reserve(*tokens, *max_wait_nanos).await.map_err(e)?;
+                    let parked = b
+                        .reserve(*tokens, Duration::from_nanos(*max_wait_nanos))
+                        .await
+                        .map_err(e)?
+                        .map(nanos);
                     if let Some(w) = parked {
                         self.clock
                             .advance_nanos(i64::try_from(w).unwrap_or(i64::MAX));
@@ -75,7 +84,7 @@ impl<B: Backend> Engine for Remote<'_, B> {
                     outcome::blocking_try(parked)
                 }
                 Op::BlockingConsume(n) => {
-                    let w = b.consume_ignoring_rate_limits(*n).await.map_err(e)?;
+                    let w = nanos(b.consume_ignoring_rate_limits(*n).await.map_err(e)?);
                     self.clock
                         .advance_nanos(i64::try_from(w).unwrap_or(i64::MAX));
                     outcome::blocking(w)
