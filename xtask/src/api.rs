@@ -41,7 +41,7 @@ use crate::{project_root, step};
 
 /// The product crates (package names): the published library crates whose public surface is
 /// listed. Test support, examples, benchmarks, the bookshelf and xtask are not products.
-pub(crate) const PRODUCT_CRATES: [&str; 8] = [
+pub(crate) const PRODUCT_CRATES: [&str; 9] = [
     "bucket4rs-core",
     "bucket4rs-local",
     "bucket4rs-blocking",
@@ -49,26 +49,15 @@ pub(crate) const PRODUCT_CRATES: [&str; 8] = [
     "bucket4rs-listeners",
     "bucket4rs-distributed",
     "bucket4rs-tower",
+    "bucket4rs-testkit",
     "bucket4rs",
 ];
 
 /// The most public items (summed over [`PRODUCT_CRATES`]) that `cargo xtask api --check`
 /// accepts, or `None` for no limit. Re-exports (`use` lines) do not count. The surface only
-/// grows by a change that raises this number, in review (the goal of 380 was met; issue #29
-/// added 34 items to the HTTP layer, 50 to 84, for the client address behind proxies,
-/// further limits, shadow mode, the allowlist, the refusal hook and the plans file's new
-/// sections; issue #33 added 5 to the distributed crate: the remote bucket's listener, the
-/// blocking view's `try_consume` and `as_verbose`, and the errors' `is_in_doubt` and
-/// `is_retryable`; issue #32 added 45: it made public, with docs and doctests, the 43 items
-/// that had been hidden doors between our crates — the core's `forms` and its engine over
-/// caller-owned storage, `Answer`'s methods, the constructors of states, probes and verbose
-/// results, the `Refilled` view the HTTP layer reads its headers from, local's
-/// `Bucket::answering` — and added two: `KeyRef`, the keyed methods' borrowed-key bound named
-/// once, and `CompactForm::full_at`, when a compact bucket is full again, the key cap's next
-/// chance of room; issue #28 added 8 for TLS to the remote stores: `TlsOptions` with
-/// `ca_file` and `client_identity_files`, `RedisOptions::tls`, `PostgresOptions::tls` and
-/// `ssl_mode` with `SslMode`, and `TlsError`).
-pub(crate) const API_BUDGET: Option<usize> = Some(470);
+/// grows by a change that raises this number, in review; the commit that raises it says which
+/// items it adds and why (`git log -p -- xtask/src/api.rs`).
+pub(crate) const API_BUDGET: Option<usize> = Some(503);
 
 /// Where the listings are committed, relative to the workspace root.
 const API_DIR: &str = "docs/api";
