@@ -88,14 +88,17 @@ pub(crate) fn forgettable_at(b: &Bandwidth, st: BandwidthState, now: i64) -> Opt
     if s.tokens > c || (s.tokens == c && s.remainder != 0) {
         return None;
     }
+    // Nothing refills before a last refill in the future: the wait is counted from there, so
+    // that a moment after `now` by more than `MAX` nanoseconds is still found.
+    let from = now.max(s.last_refill);
     let full = if s.tokens == c {
-        now
+        from
     } else {
-        let wait = reset_wait(b, &s, now);
+        let wait = reset_wait(b, &s, from);
         if wait == MAX {
             return None;
         }
-        now.checked_add(wait)?
+        from.checked_add(wait)?
     };
     let initial = b.initial_tokens.unwrap_or(c);
     let candidate = match b.kind {
@@ -106,8 +109,7 @@ pub(crate) fn forgettable_at(b: &Bandwidth, st: BandwidthState, now: i64) -> Opt
             if initial != c {
                 return None;
             }
-            // Refill does nothing before a last refill in the future.
-            full.max(s.last_refill)
+            full
         }
         RefillKind::IntervallyAligned {
             first_refill_nanos: f,
