@@ -420,10 +420,21 @@ where
         if !self.count_key(now) {
             return Err(self.too_many());
         }
+        // At the cap, when the stored bucket could be forgotten (compute it before the entry
+        // moves into the map; only a capped map needs it).
+        let forgettable = shared.max_keys.map(|_| {
+            entry
+                .snapshot(&shared.plans, now)
+                .and_then(|(c, s)| s.forgettable_at(&c, now))
+                .unwrap_or(i64::MAX)
+        });
         let owned = owned.unwrap_or_else(|| key.to_key());
         if !shared.map.try_insert(owned, entry, |stored| stored.is_ok()) {
             shared.len.fetch_sub(1, Ordering::Relaxed);
             return Ok(None);
+        }
+        if let Some(at) = forgettable {
+            self.stored(at);
         }
         if shared.len.load(Ordering::Relaxed) > shared.next_sweep.load(Ordering::Relaxed) {
             let since = shared.swept_at.load(Ordering::Relaxed);
@@ -484,18 +495,12 @@ where
             return true;
         };
         let take = || {
-            let taken = shared
+            shared
                 .len
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                     (n < max).then_some(n + 1)
                 })
-                .is_ok();
-            // A bucket stored after the last sweep may be forgettable before the reading
-            // that sweep noted: the next refusal at the cap looks again.
-            if taken && shared.room_at.load(Ordering::Relaxed) > now {
-                shared.room_at.store(now, Ordering::Relaxed);
-            }
-            taken
+                .is_ok()
         };
         if take() {
             return true;
@@ -511,6 +516,14 @@ where
             }
         });
         take()
+    }
+
+    /// Notes a bucket just stored (in the map already) that could be forgotten from reading
+    /// `at` on: at the cap, new keys look for room from then on, not only from the reading
+    /// the last sweep noted. Release, with the sweep's acquiring swap: a sweep that starts
+    /// after this either sees the bucket or keeps `at`.
+    fn stored(&self, at: i64) {
+        self.shared.room_at.fetch_min(at, Ordering::Release);
     }
 
     fn too_many(&self) -> KeyedError {
@@ -557,6 +570,10 @@ where
     fn sweep_locked(&self, now: i64, since: i64) -> usize {
         let shared = &*self.shared;
         let (mut dropped, mut room) = (0, i64::MAX);
+        // Until this sweep has looked, no room is known; a bucket stored meanwhile lowers the
+        // reading again (`stored`), and this sweep's own finding is merged in at the end, so
+        // neither overwrites the other.
+        shared.room_at.swap(i64::MAX, Ordering::AcqRel);
         shared.map.retain(|key, entry| {
             #[cfg(test)]
             shared.visited.fetch_add(1, Ordering::Relaxed);
@@ -577,7 +594,7 @@ where
             Ordering::Relaxed,
         );
         shared.swept_at.store(now, Ordering::Relaxed);
-        shared.room_at.store(room, Ordering::Relaxed);
+        shared.room_at.fetch_min(room, Ordering::Release);
         dropped
     }
 
@@ -776,6 +793,9 @@ where
                     if let Some(next) = next {
                         shared.map.insert(key.to_key(), next);
                     }
+                    // Its new configuration may let it go sooner than the last sweep noted:
+                    // the next refusal at the cap looks again.
+                    self.stored(now);
                 }))
             });
             if let Some(done) = replaced {
@@ -790,6 +810,7 @@ where
             let entry = Entry::new(plans, &new_config, state, now, monotonic);
             let owned = owned.unwrap_or_else(|| key.to_key());
             if shared.map.try_insert(owned, entry, |stored| stored.is_ok()) {
+                self.stored(now);
                 return Ok(());
             }
             shared.len.fetch_sub(1, Ordering::Relaxed);

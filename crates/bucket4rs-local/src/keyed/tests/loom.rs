@@ -159,3 +159,22 @@ fn the_cap_holds_under_racing_new_keys() {
         assert_eq!(k.len(), 1);
     });
 }
+
+/// A bucket stored while a sweep looks for room: whichever finishes last, the reading from
+/// which the map looks again at the cap is no later than when that bucket can go, so a new
+/// key then finds room.
+#[test]
+fn a_bucket_stored_during_a_sweep_is_not_lost_from_the_cap() {
+    model(3, || {
+        let clock = ManualClock::monotonic(0);
+        let k = keyed(2, &clock, Some(2));
+        assert!(k.try_consume(&0, 2).expect("valid")); // full again at 1 s
+        let storer = spawn(&k, |k| k.try_consume(&1, 1).expect("valid")); // at 0.5 s
+        let sweeper = spawn(&k, |k| k.sweep());
+        assert!(storer.join().expect("no panic"));
+        assert_eq!(sweeper.join().expect("no panic"), 0, "nothing is full yet");
+        clock.advance(Duration::from_millis(500));
+        assert_eq!(k.try_consume(&2, 1), Ok(true), "key 1 can go: room");
+        assert_eq!(k.len(), 2);
+    });
+}

@@ -68,6 +68,41 @@ mod unit {
         assert!(keyed.try_consume(&u64::MAX, 1).expect("valid"));
         assert_eq!(visited() - before, cap);
         assert_eq!(keyed.len(), cap);
+        // The bucket it stored can never go either: refusals still look at nothing.
+        for k in 0..1_000_u64 {
+            clock.advance(Duration::from_secs(1));
+            assert!(keyed.try_consume(&(20_000 + k), 1).is_err());
+        }
+        assert_eq!(visited() - before, cap);
+    }
+
+    #[test]
+    fn a_bucket_stored_at_the_cap_sets_when_the_next_refusal_looks() {
+        let clock = ManualClock::monotonic(0);
+        // One token a second: a bucket short of n tokens is full again n seconds later.
+        let keyed: KeyedBucket<u64, ManualClock> = KeyedBucket::builder()
+            .add_limit(|l| l.capacity(100).refill_greedy(100, Duration::from_secs(100)))
+            .with_clock(clock.clone())
+            .max_keys(10)
+            .build()
+            .expect("valid");
+        for k in 0..10_u64 {
+            assert!(keyed.try_consume(&k, 50).expect("valid"));
+        }
+        let visited = || keyed.shared.visited.load(Ordering::Relaxed);
+        // Full: the sweep finds that nothing can go for 50 s.
+        assert!(keyed.try_consume(&100, 1).is_err());
+        assert_eq!(visited(), 10);
+        // A removal makes room; the bucket stored there can go after 1 s, not 50.
+        assert!(keyed.remove(&0));
+        assert!(keyed.try_consume(&200, 1).expect("valid"));
+        clock.advance(Duration::from_millis(500));
+        assert!(keyed.try_consume(&300, 1).is_err(), "nothing can go yet");
+        assert_eq!(visited(), 10, "and the map knows it without looking");
+        clock.advance(Duration::from_millis(500));
+        assert!(keyed.try_consume(&400, 1).expect("key 200 went"));
+        assert_eq!(visited(), 20);
+        assert!(keyed.snapshot(&200).is_none());
     }
 
     #[test]
