@@ -63,6 +63,9 @@ pub(crate) struct Shared {
     pub(crate) on_refusal: Option<Arc<RefusalHook>>,
     /// At most one log event per second for a failing store (see [`LogGate`]).
     pub(crate) log_gate: LogGate,
+    /// The shared store's circuit breaker, as last reported.
+    #[cfg(feature = "distributed")]
+    pub(crate) breaker: crate::metrics::BreakerGauge,
 }
 
 /// Lets one event through per second and counts the ones it holds back, so a store that
@@ -426,6 +429,8 @@ impl RateLimitLayerBuilder {
                 exempt,
                 on_refusal: self.on_refusal,
                 log_gate: LogGate::default(),
+                #[cfg(feature = "distributed")]
+                breaker: crate::metrics::BreakerGauge::default(),
             }),
         })
     }

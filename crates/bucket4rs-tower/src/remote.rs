@@ -22,6 +22,9 @@ pub(crate) trait Remote: Send + Sync + fmt::Debug {
 
     /// Gives `tokens` back to `key`'s bucket (never above its capacity).
     fn give_back(&self, key: &str, plan: &Plan, tokens: u64) -> BoxFuture<Result<(), StoreError>>;
+
+    /// Whether the store's circuit breaker is open.
+    fn circuit_open(&self) -> bool;
 }
 
 impl<B: Backend> Remote for ProxyManager<B> {
@@ -61,6 +64,10 @@ impl<B: Backend> Remote for ProxyManager<B> {
             let bucket = bucket.map_err(from_distributed)?;
             bucket.add_tokens(tokens).await.map_err(from_distributed)
         })
+    }
+
+    fn circuit_open(&self) -> bool {
+        self.is_circuit_open()
     }
 }
 

@@ -184,7 +184,7 @@ fn decide_in<ReqBody, ResBody: From<Bytes> + Send + 'static>(
     match &shared.store {
         Store::Local(local) => Ok(match local.ask(&key, &plan, cost) {
             Ok(answer) => response::verdict(shared, &plan, &answer, cost, grpc),
-            Err(e) => failed(shared, &key, cost, grpc(), e),
+            Err(e) => failed(shared, (&plan, CLIENT), &key, cost, grpc(), e),
         }),
         #[cfg(feature = "distributed")]
         Store::Remote(remote) => ask_remote(shared, &**remote, &key, plan, cost, grpc()),
@@ -234,15 +234,28 @@ fn ask_remote<ResBody: From<Bytes> + Send + 'static>(
 ) -> Pending<Response<ResBody>> {
     let asked = match remote.ask(key, &plan, cost) {
         Ok(f) => f,
-        Err(e) => return Ok(failed(shared, key, cost, grpc, e)),
+        Err(e) => return Ok(failed(shared, (&plan, CLIENT), key, cost, grpc, e)),
     };
     let (shared, key) = (Arc::clone(shared), key.to_owned());
     Err(Box::pin(async move {
-        match asked.await {
+        let answered = asked.await;
+        observe_breaker(&shared);
+        match answered {
             Ok(answer) => response::verdict(&shared, &plan, &answer, cost, || grpc),
-            Err(e) => failed(&shared, &key, cost, grpc, e),
+            Err(e) => failed(&shared, (&plan, CLIENT), &key, cost, grpc, e),
         }
     }))
+}
+
+/// The `limit` label of the client's plan (a further limit is labelled with its name).
+const CLIENT: &str = "client";
+
+/// Reports the shared store's circuit breaker when a request sees it change.
+#[cfg(feature = "distributed")]
+fn observe_breaker(shared: &Shared) {
+    if let Store::Remote(remote) = &shared.store {
+        shared.breaker.observe(remote.circuit_open());
+    }
 }
 
 /// Where a limit's buckets are: the client's plan's store, or a further limit's.
@@ -277,7 +290,9 @@ async fn ask(
     }
     #[cfg(feature = "distributed")]
     if let Store::Remote(remote) = &shared.store {
-        return remote.ask(key, plan, cost)?.await;
+        let answered = remote.ask(key, plan, cost)?.await;
+        observe_breaker(shared);
+        return answered;
     }
     Err(StoreError::Other("no store for a limit".into()))
 }
@@ -324,7 +339,11 @@ async fn decide_many<ResBody: From<Bytes> + Send + 'static>(
             Ok(answer) => asked.push((target, bucket, plan, answer)),
             Err(e) => {
                 give_back_all(&shared, &asked, cost).await;
-                return failed(&shared, &key, cost, grpc, e);
+                let limit = match target {
+                    Target::Client => CLIENT,
+                    Target::Limit(_) => plan.name(),
+                };
+                return failed(&shared, (&plan, limit), &key, cost, grpc, e);
             }
         }
     }
@@ -357,12 +376,13 @@ async fn give_back_all(shared: &Shared, asked: &[(Target, String, Plan, Answer)]
 #[inline(never)]
 fn failed<ResBody: From<Bytes>>(
     shared: &Shared,
+    (plan, limit): (&Plan, &str),
     key: &str,
     cost: u64,
     grpc: bool,
     e: StoreError,
 ) -> Verdict<Response<ResBody>> {
-    crate::metrics::store_error(e.kind());
+    crate::metrics::store_error(plan.name(), limit, e.kind());
     let (why, e) = match e {
         StoreError::Unavailable(e) => (Unavailable::Store, e),
         StoreError::Full(e) => (Unavailable::Full, e),
@@ -385,21 +405,22 @@ fn failed<ResBody: From<Bytes>>(
     }
     match shared.failure.decide(key, cost) {
         Decided::Error => {
-            crate::metrics::failure_policy("error");
+            crate::metrics::failure_policy(plan.name(), limit, "error");
             Verdict::Answer(response::unavailable(why))
         }
         Decided::Deny => {
-            crate::metrics::failure_policy("deny");
+            crate::metrics::failure_policy(plan.name(), limit, "deny");
             Verdict::Answer(response::denied_on_failure())
         }
         Decided::Fallback(answer) => match shared.failure.plan() {
-            Some(plan) => {
-                crate::metrics::failure_policy(if answer.value().is_consumed() {
+            Some(fallback) => {
+                let decision = if answer.value().is_consumed() {
                     "fallback_allowed"
                 } else {
                     "fallback_refused"
-                });
-                response::verdict(shared, plan, &answer, cost, || grpc)
+                };
+                crate::metrics::failure_policy(plan.name(), limit, decision);
+                response::verdict(shared, fallback, &answer, cost, || grpc)
             }
             None => Verdict::Answer(response::denied_on_failure()),
         },

@@ -510,6 +510,20 @@ impl<B: Backend> ProxyManager<B> {
         &self.inner.backend
     }
 
+    /// Whether the circuit breaker is open: calls fail at once (with a retryable
+    /// `Unavailable` error, not applied) until its probe reaches the backend again. Always
+    /// `false` with the breaker off and for in-process backends, which have none. For an
+    /// operator's gauge or a health check.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// assert!(!manager.is_circuit_open());
+    /// ```
+    pub fn is_circuit_open(&self) -> bool {
+        self.inner.breaker.as_ref().is_some_and(Breaker::is_open)
+    }
+
     /// The storage key of a user key.
     ///
     /// # Errors

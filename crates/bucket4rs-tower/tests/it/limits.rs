@@ -211,8 +211,20 @@ fn shadow_mode_serves_what_it_would_refuse_and_says_so() {
 fn counters(s: &metrics_util::debugging::Snapshotter) -> std::collections::HashMap<String, u64> {
     let mut out = std::collections::HashMap::new();
     for (key, _, _, value) in s.snapshot().into_vec() {
-        let DebugValue::Counter(n) = value else {
-            continue;
+        tally(&mut out, &key, &value);
+    }
+    out
+}
+
+/// Adds a counter of a snapshot (which resets them) to `out`, named as [`counters`] says.
+fn tally(
+    out: &mut std::collections::HashMap<String, u64>,
+    key: &metrics_util::CompositeKey,
+    value: &DebugValue,
+) {
+    {
+        let &DebugValue::Counter(n) = value else {
+            return;
         };
         let k = key.key();
         let label = |name: &str| {
@@ -222,14 +234,17 @@ fn counters(s: &metrics_util::debugging::Snapshotter) -> std::collections::HashM
         };
         let name = match (label("plan"), label("limit"), label("outcome")) {
             (Some(p), Some(l), Some(o)) => format!("{p}/{l}/{o}"),
-            _ => match label("decision").or_else(|| label("kind")) {
-                Some(v) => format!("{}/{v}", k.name()),
+            (p, l, None) => match label("decision").or_else(|| label("kind")) {
+                Some(v) => match (p, l) {
+                    (Some(p), Some(l)) => format!("{}/{p}/{l}/{v}", k.name()),
+                    _ => format!("{}/{v}", k.name()),
+                },
                 None => k.name().to_owned(),
             },
+            _ => k.name().to_owned(),
         };
         *out.entry(name).or_default() += n;
     }
-    out
 }
 
 /// Metrics of refusals, limits, exemptions, store errors and the failure policy.
@@ -289,13 +304,128 @@ fn metrics_count_each_decision_by_plan_and_limit() {
     );
     assert_eq!(counts.get("small/client/allowed"), Some(&1), "{counts:?}");
     assert_eq!(
-        counts.get("bucket4rs_http_store_errors_total/full"),
+        counts.get("bucket4rs_http_store_errors_total/small/client/full"),
         Some(&1),
         "{counts:?}"
     );
     assert_eq!(
-        counts.get("bucket4rs_http_failure_policy_total/deny"),
+        counts.get("bucket4rs_http_failure_policy_total/small/client/deny"),
         Some(&1),
+        "{counts:?}"
+    );
+}
+
+/// A backend that is down until switched on; then the embedded backend answers.
+#[derive(Debug, Default)]
+struct Switch {
+    up: std::sync::atomic::AtomicBool,
+    store: bucket4rs_distributed::EmbeddedBackend,
+}
+
+#[async_trait::async_trait]
+impl bucket4rs_distributed::Backend for Switch {
+    async fn transact(
+        &self,
+        key: &bucket4rs_distributed::StorageKey,
+        tx: &mut dyn bucket4rs_distributed::Transaction,
+    ) -> Result<(), bucket4rs_distributed::BackendError> {
+        if !self.up.load(Ordering::Relaxed) {
+            return Err(crate::refused());
+        }
+        self.store.transact(key, tx).await
+    }
+    async fn read(
+        &self,
+        key: &bucket4rs_distributed::StorageKey,
+    ) -> Result<Option<Vec<u8>>, bucket4rs_distributed::BackendError> {
+        if !self.up.load(Ordering::Relaxed) {
+            return Err(crate::refused());
+        }
+        self.store.read(key).await
+    }
+    async fn remove(
+        &self,
+        key: &bucket4rs_distributed::StorageKey,
+    ) -> Result<bool, bucket4rs_distributed::BackendError> {
+        self.store.remove(key).await
+    }
+}
+
+/// The shared store's circuit breaker as a gauge: 0 while closed, 1 once it opened, 0 again
+/// after its probe reached the store; the store's errors labelled by plan and limit. A
+/// real-clock test: the breaker's probe runs every 10 ms, and the test waits (at most 5 s)
+/// for it.
+#[test]
+fn the_breaker_state_is_a_gauge_and_store_errors_name_their_limit() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // Each snapshot resets the counters: they are added up here as the gauge is read.
+    let counts = std::cell::RefCell::new(std::collections::HashMap::new());
+    let gauge = || {
+        let mut open = None;
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            match value {
+                DebugValue::Gauge(v) if key.key().name() == "bucket4rs_http_store_breaker_open" => {
+                    open = Some(v.into_inner());
+                }
+                v => tally(&mut counts.borrow_mut(), &key, &v),
+            }
+        }
+        open
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let backend = Arc::new(Switch::default());
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let manager = bucket4rs_distributed::ProxyManager::configure(Arc::clone(&backend))
+                .circuit_breaker(bucket4rs_distributed::CircuitBreaker::new(
+                    2,
+                    Duration::from_millis(10),
+                ))
+                .build()
+                .unwrap();
+            let svc = RateLimitLayer::builder()
+                .backend(manager.clone())
+                .plans(Plan::new("free", simple(5, Duration::from_secs(60))))
+                .failure_policy(bucket4rs_tower::FailurePolicy::error())
+                .build()
+                .unwrap()
+                .layer(hello());
+            let first = call(&svc, req(Some("k"), "/")).await;
+            assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(gauge(), Some(0.0), "one failure: still closed");
+            // The second failure opens it (the manager may record that after answering).
+            call(&svc, req(Some("k"), "/")).await;
+            assert!(manager.is_circuit_open());
+            let third = call(&svc, req(Some("k"), "/")).await;
+            assert_eq!(third.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(gauge(), Some(1.0), "a request saw it open");
+            backend.up.store(true, Ordering::Relaxed);
+            let mut served = false;
+            for _ in 0..500 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                if call(&svc, req(Some("k"), "/")).await.status() == StatusCode::OK {
+                    served = true;
+                    break;
+                }
+            }
+            assert!(served, "the probe closed the breaker within 5 s");
+            assert_eq!(gauge(), Some(0.0), "closed again");
+        })
+    });
+    let counts = counts.into_inner();
+    assert!(
+        counts
+            .get("bucket4rs_http_store_errors_total/free/client/unavailable")
+            .is_some_and(|&n| n >= 3),
+        "{counts:?}"
+    );
+    assert_eq!(
+        counts.get("bucket4rs_http_failure_policy_total/free/client/error"),
+        counts.get("bucket4rs_http_store_errors_total/free/client/unavailable"),
         "{counts:?}"
     );
 }
