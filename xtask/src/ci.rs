@@ -24,6 +24,17 @@ const FORBIDDEN_IN_CORE: [&str; 6] = [
 /// `serde`), which keeps a one-bandwidth bucket's state inline (see ARCHITECTURE.md).
 const ALLOWED_CORE_DIRECT: [&str; 3] = ["serde", "smallvec", "strength_reduce"];
 
+/// Crates an in-process user of the HTTP layer (`bucket4rs-tower` without its `distributed`
+/// feature) must not compile: the distributed crate and what only it brings.
+const FORBIDDEN_IN_LOCAL_TOWER: [&str; 6] = [
+    "bucket4rs-distributed",
+    "redis",
+    "tokio-postgres",
+    "rusqlite",
+    "rand",
+    "async-trait",
+];
+
 /// The only workspace crate allowed to depend on loom (through its private `primitive` module).
 const LOOM_USER: &str = "bucket4rs-local";
 
@@ -259,6 +270,20 @@ pub(crate) fn check_deps(sh: &Shell) -> Result<()> {
             problems.push(format!(
                 "`{name}` is in bucket4rs-core's normal dependency closure (see `cargo tree -p \
                  bucket4rs-core -e normal --all-features -i {name}`)"
+            ));
+        }
+    }
+
+    let tower = names(cmd!(
+        sh,
+        "cargo tree -p bucket4rs-tower --no-default-features -e normal --target all --prefix none"
+    ))?;
+    for name in FORBIDDEN_IN_LOCAL_TOWER {
+        if tower.iter().any(|n| n == name) {
+            problems.push(format!(
+                "`{name}` is in bucket4rs-tower's normal dependency closure without its \
+                 `distributed` feature (see `cargo tree -p bucket4rs-tower --no-default-features \
+                 -e normal -i {name}`)"
             ));
         }
     }

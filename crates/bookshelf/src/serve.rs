@@ -50,7 +50,8 @@ pub struct ServeOptions {
     /// Open connections at most; at the cap the server stops accepting (new connections
     /// wait in the kernel's backlog) until one closes. Default 1,024.
     pub max_connections: usize,
-    /// Open connections of one client address at most (IPv4-mapped IPv6 counted as IPv4):
+    /// Open connections of one client address at most (IPv4-mapped IPv6 counted as IPv4, and
+    /// an IPv6 address counted with its /64, as the rate limit keys it: one host holds a /64):
     /// beyond, its new connections are closed at once, so that one address cannot take
     /// every connection of `max_connections`. Default 64.
     pub max_connections_per_address: usize,
@@ -208,6 +209,18 @@ struct PerAddress {
     open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
 }
 
+/// Whose connection it is: an IPv4-mapped address as IPv4, an IPv6 address as its /64.
+fn client_of(ip: std::net::IpAddr) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv6Addr};
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        },
+        v4 => v4,
+    }
+}
+
 /// One open connection of an address: counted until dropped.
 struct Slot {
     ip: Option<std::net::IpAddr>,
@@ -225,10 +238,7 @@ impl PerAddress {
 
     /// A slot for a connection from `ip`, unless the address holds its share already.
     fn take(&self, ip: std::net::IpAddr) -> Option<Slot> {
-        let ip = match ip {
-            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
-            v4 => v4,
-        };
+        let ip = client_of(ip);
         let open = Arc::clone(&self.open);
         if self.unlimited.iter().any(|n| n.contains(&ip)) {
             return Some(Slot { ip: None, open });
@@ -406,5 +416,26 @@ impl AsyncWrite for Watched {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::client_of;
+
+    #[test]
+    fn a_client_is_its_ipv4_address_or_its_ipv6_64() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        assert_eq!(client_of(ip("198.51.100.7")), ip("198.51.100.7"));
+        assert_eq!(client_of(ip("::ffff:198.51.100.7")), ip("198.51.100.7"));
+        assert_eq!(client_of(ip("2001:db8:1:2:ffff::9")), ip("2001:db8:1:2::"));
+        assert_eq!(
+            client_of(ip("2001:db8:1:2::1")),
+            client_of(ip("2001:db8:1:2::2"))
+        );
+        assert_ne!(
+            client_of(ip("2001:db8:1:2::1")),
+            client_of(ip("2001:db8:1:3::1"))
+        );
     }
 }

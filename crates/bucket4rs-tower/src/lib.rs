@@ -61,8 +61,11 @@
 //! - `axum`: [`KeyExtractor::client_ip`] also reads axum's `ConnectInfo<SocketAddr>`.
 //! - `distributed`: shared stores, `RateLimitLayerBuilder::backend` over any
 //!   `bucket4rs_distributed::ProxyManager` (Redis, PostgreSQL, your own backend). Without it
-//!   the crate depends on no I/O crate: `cargo tree -p bucket4rs-tower --no-default-features`
-//!   shows the core, the local buckets, `http`, `tower` and `tracing`.
+//!   the crate depends on no I/O crate: `cargo tree -p bucket4rs-tower --no-default-features
+//!   -e normal` shows the core, the local buckets, `http`, `bytes`, `tower`, `tracing`,
+//!   `metrics`, `ipnet` and `serde_json`, and no `bucket4rs-distributed`, `redis`,
+//!   `tokio-postgres`, `rand` or `async-trait` (`cargo xtask check-deps` checks it). The
+//!   tests' dev-dependencies include the distributed crate.
 #![forbid(unsafe_code)]
 
 mod client_ip;
