@@ -1,7 +1,7 @@
 //! An interleaved, single-thread comparison for noisy machines: the success and rejection paths
 //! of each local strategy and of governor, and of the keyed limiters (`KeyedBucket` on foldhash
-//! and on SipHash, governor's keyed limiter; `String` keys, 1 and 10,000 of them), measured in
-//! short alternating bursts.
+//! and on SipHash, governor's keyed limiter; `String` keys, 1 and 10,000 of them, busy and
+//! light), measured in short alternating bursts.
 //!
 //! Criterion measures one function for seconds, then the next; when other work shares the
 //! cores, the load differs between the two windows and the ratio drifts. Here every round
@@ -21,8 +21,8 @@ use std::num::NonZeroU32;
 use std::time::Instant;
 
 use bucket4rs_benches::{
-    QuantaClock, governor_never_dry, governor_slow, keyed_never_dry, keyed_slow, keys, never_dry,
-    slow,
+    QuantaClock, governor_light, governor_never_dry, governor_slow, keyed_light, keyed_never_dry,
+    keyed_slow, keys, never_dry, slow,
 };
 use bucket4rs_local::{BucketBuilder, Clock as _, FastClock, KeyedBucket, KeyedBucketBuilder};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
@@ -154,6 +154,7 @@ fn main() {
             [keyed_never_dry(), keyed_never_dry()],
             governor_never_dry(),
             true,
+            true,
             rounds,
             &only,
         );
@@ -162,6 +163,17 @@ fn main() {
             keys,
             [keyed_slow(), keyed_slow()],
             governor_slow(),
+            false,
+            true,
+            rounds,
+            &only,
+        );
+        keyed(
+            &format!("keyed light keys, {n} keys (full again before they come back)"),
+            keys,
+            [keyed_light(), keyed_light()],
+            governor_light(),
+            true,
             false,
             rounds,
             &only,
@@ -232,13 +244,16 @@ fn compare(
 
 /// The keyed limiters on `keys` (each used once first: stored, and drained where `allowed` is
 /// false), visited round-robin, each case with its own running index; every answer must be
-/// `allowed`.
+/// `allowed`, and with `held` every key must still have its bucket at the end (light keys
+/// may be forgotten and stored again).
+#[allow(clippy::too_many_arguments)]
 fn keyed(
     title: &str,
     keys: &[String],
     [fold, sip]: [KeyedBucketBuilder<String>; 2],
     quota: Quota,
     allowed: bool,
+    held: bool,
     rounds: usize,
     only: &str,
 ) {
@@ -276,6 +291,9 @@ fn keyed(
     ];
     measure(&mut cases, rounds, only);
     report(title, &mut cases, "governor keyed");
+    if !held {
+        return;
+    }
     assert_eq!(
         (fold.len(), sip.len(), gov.len()),
         (keys.len(), keys.len(), keys.len()),

@@ -21,9 +21,12 @@
 //! capacity, a replaced configuration) stay until removed, bounded by the optional key cap.
 //!
 //! When to look: the map is swept when it has doubled since the last sweep, and a bucket is
-//! forgotten by such a sweep only if it was already forgettable at the previous one (a second
-//! chance: a key that comes back between two sweeps keeps its bucket, so a working set of
-//! light keys is not forgotten and re-stored over and over). At the key cap, a new key makes
+//! forgotten by such a sweep only if it was already forgettable at the previous one and has
+//! been so for a second (a key that comes back between two sweeps, or within a second, keeps
+//! its bucket, so a working set of light keys is not forgotten and re-stored over and over:
+//! counting alone cannot tell such a working set, visited in turn, from a flood of new keys).
+//! Memory stays bounded by the keys met within about a second, and by the key cap if set.
+//! At the key cap, a new key makes
 //! the map sweep for room, forgetting every bucket it can; when none can be, the sweep
 //! remembers the earliest reading at which one could, and new keys before it are refused at
 //! once, without looking. [`KeyedBucket::sweep`] forgets every forgettable bucket now.
@@ -69,6 +72,13 @@ pub type DefaultHasher = foldhash::fast::RandomState;
 
 /// The least number of keys between two automatic sweeps.
 const MIN_SWEEP_INTERVAL: usize = 1024;
+
+/// How long a bucket stays forgettable before an automatic sweep forgets it: a second of the
+/// bucket's clock. Counting alone cannot tell a flood of new keys from a working set visited
+/// in turn that is larger than what the last sweep left (both only ever meet keys the map
+/// does not hold); without this, the second chance spares exactly the keys just visited and
+/// forgets the ones that come next, so every call stores its key again.
+const FORGET_AFTER: i64 = 1_000_000_000;
 
 /// A configuration chosen per key ([`KeyedBucketBuilder::configuration_per_key`]).
 type PerKey<K> = Box<dyn Fn(&K) -> Option<BucketConfiguration> + Send + Sync>;
@@ -437,7 +447,11 @@ where
             self.stored(at);
         }
         if shared.len.load(Ordering::Relaxed) > shared.next_sweep.load(Ordering::Relaxed) {
-            let since = shared.swept_at.load(Ordering::Relaxed);
+            // Forgettable at the last sweep already, and for a second at least.
+            let since = shared
+                .swept_at
+                .load(Ordering::Relaxed)
+                .min(now.saturating_sub(FORGET_AFTER));
             shared.structure.try_with(|_| self.sweep_locked(now, since));
         }
         Ok(Some(out))

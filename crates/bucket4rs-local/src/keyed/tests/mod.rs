@@ -193,16 +193,62 @@ mod unit {
         // 1,025 keys make the first automatic sweep (after 1,024): nothing was forgettable
         // before it, so it forgets nothing, although all but the last are full by then.
         store(1_024);
-        clock.advance(Duration::from_millis(2));
+        clock.advance(Duration::from_secs(2));
         store(1);
         assert_eq!(keyed.len(), 1_025);
         // Touch key 0 again; 1,026 more keys make the next sweep (the map doubled past 2,050):
-        // it forgets the 1,023 keys full at the last sweep and untouched since, and keeps key 0.
+        // it forgets the 1,023 keys full at the last sweep (and for over a second) and
+        // untouched since, and keeps key 0.
         assert!(keyed.try_consume(&0, 1).expect("valid"));
-        clock.advance(Duration::from_millis(2));
+        clock.advance(Duration::from_secs(2));
         store(1_026);
         assert_eq!(keyed.len(), 1 + 1 + 1_026, "key 0, key 1,024, the new keys");
         assert!(keyed.snapshot(&0).is_some());
         assert!(keyed.snapshot(&1).is_none());
+    }
+
+    #[test]
+    fn a_working_set_visited_in_turn_is_not_forgotten_key_by_key() {
+        // 10,000 keys in turn, a microsecond apart, each full again a nanosecond after its
+        // call: larger than what a sweep during the first round leaves. Every key was full at
+        // the last sweep; none has been for a second, so none is forgotten, and after the
+        // first round no call stores its key again.
+        let clock = ManualClock::monotonic(0);
+        let keyed: KeyedBucket<String, ManualClock> = KeyedBucket::builder()
+            .add_limit(|l| {
+                l.capacity(1_000)
+                    .refill_greedy(1_000, Duration::from_micros(1))
+            })
+            .with_clock(clock.clone())
+            .build()
+            .expect("valid");
+        let keys: Vec<String> = (0..10_000).map(|i| format!("k{i}")).collect();
+        let visited = || keyed.shared.visited.load(Ordering::Relaxed);
+        let mut after_round = Vec::new();
+        for _ in 0..5 {
+            for k in &keys {
+                assert!(keyed.try_consume(k.as_str(), 1).expect("valid"));
+                clock.advance(Duration::from_micros(1));
+            }
+            after_round.push((visited(), keyed.len()));
+        }
+        assert_eq!(after_round[1], after_round[4], "rounds: {after_round:?}");
+        assert_eq!(keyed.len(), keys.len());
+        // Two seconds later, new keys make the map sweep (twice: a second chance), and it
+        // forgets the working set that went idle; the new keys, met within a second, stay.
+        clock.advance(Duration::from_secs(2));
+        for i in 0..40_000 {
+            assert!(
+                keyed
+                    .try_consume(format!("new{i}").as_str(), 1)
+                    .expect("valid")
+            );
+            clock.advance(Duration::from_micros(1));
+        }
+        assert!(
+            keys.iter().all(|k| keyed.snapshot(k.as_str()).is_none()),
+            "idle for 2 s: forgotten"
+        );
+        assert_eq!(keyed.len(), 40_000);
     }
 }
