@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use bucket4rs_core::forms::{CompactForm, ScaledState};
 use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, BucketState};
-use parking_lot::Mutex;
+
+use crate::primitive::Mutex;
 
 /// The most plans interned; keys of further configurations run on a synchronized bucket of
 /// their own (still exact, one more allocation per key), so a source that returns a new
@@ -59,7 +60,10 @@ impl Plan {
     }
 }
 
-/// The interned plans: an append-only table, searched by identity first.
+/// The interned plans: an append-only table, searched by identity first. The table is
+/// boxcar's (a plan is pushed once, under the index lock, and never moved or removed, so a
+/// reference to it lives as long as the table); it stays outside the loom models, which see
+/// the index lock through `primitive`.
 #[derive(Debug, Default)]
 pub(crate) struct Plans {
     table: boxcar::Vec<Plan>,
@@ -83,16 +87,17 @@ impl Plans {
                 return u32::try_from(i).ok();
             }
         }
-        let mut index = self.index.lock();
-        if let Some(&i) = index.get(config) {
-            return Some(i);
-        }
-        if self.table.count() >= MAX_PLANS {
-            return None;
-        }
-        let plan = Plan::of(config, now)?;
-        let i = u32::try_from(self.table.push(plan)).ok()?;
-        index.insert(config.clone(), i);
-        Some(i)
+        self.index.with(|index| {
+            if let Some(&i) = index.get(config) {
+                return Some(i);
+            }
+            if self.table.count() >= MAX_PLANS {
+                return None;
+            }
+            let plan = Plan::of(config, now)?;
+            let i = u32::try_from(self.table.push(plan)).ok()?;
+            index.insert(config.clone(), i);
+            Some(i)
+        })
     }
 }
