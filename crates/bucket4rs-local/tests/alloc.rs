@@ -1,4 +1,5 @@
-//! A counting global allocator shows that no strategy allocates per operation after `build()`.
+//! A counting global allocator shows that no strategy allocates per operation after `build()`,
+//! and that a keyed bucket allocates only to store a key.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -103,4 +104,52 @@ fn unsynchronized_allocates_nothing_per_operation() {
 fn the_counter_does_count() {
     // Guard against a counter that always reads zero.
     assert!(allocations_during(|| drop(std::hint::black_box(vec![1u8; 64]))) >= 1);
+}
+
+/// A keyed bucket allocates nothing for a key it holds (looked up by `&str`), nor for a key
+/// it does not need to store (an estimate leaves a fresh bucket as it is); a key it stores
+/// costs its owned `String` and the map's node.
+#[test]
+fn keyed_allocates_only_to_store_a_key() {
+    use bucket4rs_local::KeyedBucket;
+    let clock = ManualClock::monotonic(0);
+    let keyed: KeyedBucket<String, ManualClock> = KeyedBucket::builder()
+        .add_limit(|l| {
+            l.capacity(1_000)
+                .refill_greedy(1_000, Duration::from_secs(1))
+        })
+        .with_clock(clock.clone())
+        .build()
+        .expect("valid");
+    let keys: Vec<String> = (0..1_000).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        assert!(keyed.try_consume(k.as_str(), 1).expect("valid"));
+    }
+    let known = allocations_during(|| {
+        for _ in 0..10 {
+            for k in &keys {
+                let _ = keyed.try_consume(k.as_str(), 1);
+                let _ = keyed.available_tokens(k.as_str());
+            }
+            clock.advance_nanos(1_000);
+        }
+    });
+    assert_eq!(known, 0, "known keys");
+    let unknown = allocations_during(|| {
+        for i in 0..1_000 {
+            let probe = keyed.estimate_ability_to_consume(unknown_key(i), 1);
+            assert!(probe.expect("valid").can_be_consumed());
+        }
+    });
+    assert_eq!(unknown, 0, "keys left fresh are not stored");
+    let stored = allocations_during(|| {
+        assert!(keyed.try_consume("a new key", 1).expect("valid"));
+    });
+    assert!(stored >= 1, "storing a key makes its String");
+}
+
+/// A key the test above never stores, named without allocating on the counted thread.
+fn unknown_key(i: usize) -> &'static str {
+    const NAMES: [&str; 4] = ["x0", "x1", "x2", "x3"];
+    NAMES[i % NAMES.len()]
 }
