@@ -34,9 +34,10 @@
 -- reaches, so no answer changes); 64-bit fields are read as two 32-bit halves and combined
 -- only when the value is within that range (`small`, `minus_now`); clock readings stay as
 -- (hi, lo) pairs. Remainders use math.fmod (exact) and quotients (a - fmod(a, b)) / b
--- (exact). A sum or product of such values is checked against +-2^53 before it is used: when
--- the true value is 2^53 or more in magnitude the rounded double is too (rounding is
--- monotone and 2^53 is a double), so the check catches it, and a value that passes is exact.
+-- (exact). A sum or product of such values is compared with a bound that is itself exact
+-- (+-2^53, or a capacity below it) before it is used: when the true value is at or past the
+-- bound, the rounded double is too (rounding is monotone), so the check catches it; a value
+-- that passes is below 2^53 in magnitude, hence exact, and only then kept.
 -- Whenever a check fails, the script returns status 2 instead of guessing, and the client
 -- computes with the Rust core: the answer is never computed inexactly.
 --
