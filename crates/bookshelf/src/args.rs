@@ -136,7 +136,8 @@ USAGE: bookshelf [--addr HOST:PORT] [--plans FILE] [--redis URL | --postgres URL
   --addr HOST:PORT      listen here (default 127.0.0.1:8080)
   --plans FILE          plans file (default: the shipped plans.toml)
   --redis URL           keep buckets in Redis, shared by every instance
-  --postgres URL        keep buckets in PostgreSQL, shared by every instance
+  --postgres URL        keep buckets in PostgreSQL, shared by every instance (TLS:
+                        ?sslmode=verify-full&sslrootcert=FILE, as libpq reads them)
   --sqlite FILE         keep buckets in this SQLite file: kept across restarts, shared by
                         every instance on this machine
   --key-prefix P        storage key prefix (default bookshelf)

@@ -37,7 +37,7 @@ async fn run() -> Result<(), String> {
     if args.no_limit {
         return serve(&args, bookshelf::routes(), "none (--no-limit)").await;
     }
-    let (app, store) = bookshelf::app_from(&args, plans)?;
+    let (app, store) = bookshelf::app_from(&args, plans).await?;
     serve(&args, app, &store).await
 }
 

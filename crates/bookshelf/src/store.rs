@@ -19,19 +19,24 @@ pub type App = WithHealth<RateLimit<Router>>;
 /// background, so the server serves at once, and until the store is reachable limited
 /// requests get the `--on-backend-failure` answer.
 ///
+/// A PostgreSQL URL is read as the distributed crate reads it
+/// ([`PostgresBackend::connect`]): besides what tokio-postgres reads, libpq's TLS parameters
+/// `sslmode=verify-ca|verify-full`, `sslrootcert`, `sslcert` and `sslkey`.
+///
 /// # Errors
-/// A store URL that cannot be read, or the layer or the manager refuses a setting (the
-/// message names the flag).
+/// A store URL that cannot be read (for PostgreSQL also a certificate file named in it that
+/// cannot be read), or the layer or the manager refuses a setting (the message names the
+/// flag).
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
 /// let args = bookshelf::Args::parse(["--redis", "redis://127.0.0.1:1/"].map(String::from))?;
-/// let (app, store) = bookshelf::app_from(&args, bookshelf::load_plans(None)?)?;
+/// let (app, store) = bookshelf::app_from(&args, bookshelf::load_plans(None)?).await?;
 /// assert_eq!(store, "Redis at redis://127.0.0.1:1/");
 /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), String> {
+pub async fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), String> {
     let policy = args.on_failure.policy()?;
     match &args.store {
         Store::Embedded => {
@@ -59,10 +64,11 @@ pub fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), String> 
             if let Some(n) = args.connections {
                 options = options.max_connections(n);
             }
-            let config: bucket4rs_distributed::tokio_postgres::Config =
-                url.parse().map_err(|e| format!("--postgres: {e}"))?;
-            // Created at once, as for Redis; the table is made once PostgreSQL answers.
-            let backend = PostgresBackend::with_config(config, options)
+            // The backend's own reading of the URL (libpq's TLS parameters included, which
+            // tokio-postgres' `Config` refuses). Created at once, as for Redis: `connect`
+            // does not wait for the server; the table is made once PostgreSQL answers.
+            let backend = PostgresBackend::connect(url, options)
+                .await
                 .map_err(|e| format!("--postgres: {e}"))?;
             tokio::spawn(migrate_then_reap(backend.clone()));
             Ok((

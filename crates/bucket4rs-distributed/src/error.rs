@@ -193,6 +193,9 @@ pub struct BackendError {
     kind: BackendErrorKind,
     message: String,
     retryable: bool,
+    /// A refusal the call would meet again until the configuration changes (a refused TLS
+    /// handshake): not retryable by the caller either ([`DistributedError::is_retryable`]).
+    refused_until_fixed: bool,
     source: Option<Box<dyn StdError + Send + Sync>>,
 }
 
@@ -208,6 +211,7 @@ impl BackendError {
             kind,
             message: message.into(),
             retryable: false,
+            refused_until_fixed: false,
             source: None,
         }
     }
@@ -223,6 +227,21 @@ impl BackendError {
     pub fn retryable(mut self, retryable: bool) -> Self {
         self.retryable = retryable;
         self
+    }
+
+    /// Marks a refusal that making the call again cannot pass until the configuration
+    /// changes (a refused TLS handshake: a certificate the client does not trust, a host name
+    /// it does not name, a plaintext server): [`DistributedError::is_retryable`] is false for
+    /// it whatever its kind.
+    #[must_use]
+    pub(crate) fn refused_until_fixed(mut self) -> Self {
+        self.refused_until_fixed = true;
+        self
+    }
+
+    /// Whether [`refused_until_fixed`](Self::refused_until_fixed) marks it.
+    pub(crate) fn is_refused_until_fixed(&self) -> bool {
+        self.refused_until_fixed
     }
 
     /// Attaches the underlying error.
@@ -415,7 +434,11 @@ impl DistributedError {
     /// was sent, or a backend that was unavailable, refused it past its deadline, or lost a
     /// race ([`BackendErrorKind::Unavailable`], [`BackendErrorKind::Timeout`],
     /// [`BackendErrorKind::Conflict`]). In-doubt errors, invalid input and unreadable records
-    /// are not.
+    /// are not, and neither is a refused TLS handshake (an `Unavailable` whose
+    /// [`source`](StdError::source) is a `TlsError`: an untrusted certificate, a host name
+    /// mismatch, a plaintext server), which fails the same way until the certificates or the
+    /// URL change — the backend's own verdict, kept by the manager for every caller of the
+    /// call's batch.
     ///
     /// ```
     /// # use bucket4rs_distributed::DistributedError; use std::time::Duration;
@@ -426,12 +449,15 @@ impl DistributedError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Timeout { .. } => true,
-            Self::Backend(e) => matches!(
-                e.kind(),
-                BackendErrorKind::Unavailable
-                    | BackendErrorKind::Timeout
-                    | BackendErrorKind::Conflict
-            ),
+            Self::Backend(e) => {
+                !e.is_refused_until_fixed()
+                    && matches!(
+                        e.kind(),
+                        BackendErrorKind::Unavailable
+                            | BackendErrorKind::Timeout
+                            | BackendErrorKind::Conflict
+                    )
+            }
             _ => false,
         }
     }

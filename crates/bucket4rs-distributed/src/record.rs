@@ -270,7 +270,9 @@ pub(crate) fn ttl_of(
     margin: Duration,
 ) -> Option<Duration> {
     let at = state.forgettable_at(config, now)?;
-    let wait = u64::try_from(at.saturating_sub(now)).unwrap_or(0);
+    // Up to 2^64 - 1 ns apart (a reading near i64::MIN, a last refill near i64::MAX): exact
+    // in u64, where a saturating i64 difference cut it short.
+    let wait = u64::try_from(i128::from(at) - i128::from(now)).unwrap_or(0);
     Some(Duration::from_nanos(wait).saturating_add(margin))
 }
 

@@ -569,10 +569,12 @@ fn command_args(command: Command) -> (u8, u64, u64) {
         Command::Reset => (7, 0, 0),
         Command::AvailableTokens => (8, 0, 0),
         Command::ConsumeIgnoringRateLimits(n) if fits(n) => (9, n, 0),
+        // The script's waits stay below 2^53: a longer maximum answers the same as 2^53 - 1,
+        // which the script reads exactly.
         Command::Reserve {
             tokens,
             max_wait_nanos,
-        } if fits(tokens) => (10, tokens, max_wait_nanos),
+        } if fits(tokens) => (10, tokens, max_wait_nanos.min(EXACT - 1)),
         _ => (0, 0, 0),
     }
 }

@@ -95,9 +95,12 @@ impl fmt::Display for TlsError {
 impl StdError for TlsError {}
 
 impl TlsError {
-    /// The backend error of a failed handshake: unavailable, not retryable within the call.
+    /// The backend error of a failed handshake: unavailable, not retryable within the call,
+    /// nor by the caller (the same handshake fails until the certificates or the URL change).
     pub(crate) fn into_backend(self) -> BackendError {
-        BackendError::new(BackendErrorKind::Unavailable, self.to_string()).with_source(self)
+        BackendError::new(BackendErrorKind::Unavailable, self.to_string())
+            .refused_until_fixed()
+            .with_source(self)
     }
 
     /// The TLS cause of a failed connection, if it was one: the rustls error somewhere in

@@ -1,7 +1,19 @@
 //! End-to-end tests: the Bookshelf server on a loopback port, a real HTTP client.
 
+// The distributed crate's test certificates and own PostgreSQL clusters, for the TLS test.
+#[path = "../../../bucket4rs-distributed/tests/it/certs.rs"]
+mod certs;
 mod faults;
+#[path = "../../../bucket4rs-distributed/tests/postgres/own.rs"]
+#[allow(dead_code)] // the TLS test needs only part of it
+mod own;
+mod postgres_tls;
 mod proxies;
+
+/// What the borrowed modules find under `crate::common`.
+mod common {
+    pub(crate) use super::unique_prefix;
+}
 
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -335,12 +347,13 @@ async fn redis_manager(prefix: &str) -> ProxyManager<RedisBackend> {
         .unwrap()
 }
 
-fn unique_prefix() -> String {
+/// A name no other test (or earlier run) uses.
+fn unique_prefix(test: &str) -> String {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    format!("bookshelf-test-{}-{nanos}", std::process::id())
+    format!("bookshelf-{test}-{}-{nanos}", std::process::id())
 }
 
 fn postgres_url() -> String {
@@ -364,7 +377,7 @@ async fn postgres_manager(prefix: &str) -> ProxyManager<PostgresBackend> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_sharing_postgres_share_one_limit() {
-    let prefix = unique_prefix();
+    let prefix = unique_prefix("shared");
     let a = Server::start(postgres_manager(&prefix).await).await;
     let b = Server::start(postgres_manager(&prefix).await).await;
     shares_one_limit(a, b).await;
@@ -374,12 +387,16 @@ async fn two_instances_sharing_postgres_share_one_limit() {
 /// one back every 3 s), a new instance on the same file: it grants only what refilled since.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_on_sqlite_keeps_its_limits_across_a_restart() {
-    let dir = std::env::temp_dir().join(unique_prefix());
+    let dir = std::env::temp_dir().join(unique_prefix("sqlite"));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("limits.db").display().to_string();
     let args = bookshelf::Args::parse(["--sqlite".to_owned(), file.clone()]).unwrap();
-    let start = || bookshelf::app_from(&args, bookshelf::load_plans(None).unwrap()).unwrap();
-    let (app, store) = start();
+    let start = async || {
+        bookshelf::app_from(&args, bookshelf::load_plans(None).unwrap())
+            .await
+            .unwrap()
+    };
+    let (app, store) = start().await;
     assert_eq!(store, format!("SQLite file {file}"));
     let client = reqwest::Client::new();
     let path = "/books/9781449373320";
@@ -390,7 +407,7 @@ async fn an_instance_on_sqlite_keeps_its_limits_across_a_restart() {
         assert_eq!(r.status(), StatusCode::OK, "lookup {i}");
     }
     first.stop().await;
-    let second = Server::serving(start().0).await;
+    let second = Server::serving(start().await.0).await;
     let mut granted = 0u64;
     while get(&client, &second.url(path), Some("free-demo-key"))
         .await
@@ -411,7 +428,7 @@ async fn an_instance_on_sqlite_keeps_its_limits_across_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_sharing_redis_share_one_limit() {
-    let prefix = unique_prefix();
+    let prefix = unique_prefix("shared");
     let a = Server::start(redis_manager(&prefix).await).await;
     let b = Server::start(redis_manager(&prefix).await).await;
     shares_one_limit(a, b).await;

@@ -2,6 +2,8 @@
 -- KEYS[1] the key; ARGV[1] '0' expect absent, '1' expect ARGV[2]; ARGV[3] new record;
 -- ARGV[4] TTL in milliseconds ('' : no expiry); ARGV[5] the caller's deadline in microseconds
 -- of this server's clock ('' : none).
+-- Exactness: the only arithmetic is TIME in microseconds (below 2^53 until the year 2255)
+-- against the deadline, which the client caps at 2^53 - 1: exact in doubles (op.lua).
 -- Returns 1 when written, 0 on conflict, -1 wrong type, -2 past the deadline (nothing read or
 -- written).
 if redis.replicate_commands then redis.replicate_commands() end

@@ -27,11 +27,19 @@
 -- checksum. Anything else goes to the client (status 2), so such a record is never rewritten
 -- and its TTL never reset.
 --
--- Exactness: Lua numbers are IEEE doubles. Every integer used here is checked to stay
--- below 2^53 in magnitude, where doubles are exact; remainders use math.fmod (always exact)
--- and quotients (a - fmod(a, b)) / b (exact). 64-bit fields are read as two 32-bit halves
--- and combined only when the result is below 2^53; clock readings stay as (hi, lo) pairs.
--- Whenever a check fails, the script returns status 2 instead of guessing.
+-- Exactness: Lua numbers are IEEE doubles, exact for integers up to 2^53 in magnitude. Every
+-- value this script keeps, compares or writes is an integer within +-(2^53 - 1): the client
+-- sends only arguments below 2^53 (larger ones go to the client path, code 0; a reserve's
+-- maximum wait and the deadline are capped at 2^53 - 1, which no wait or reading here
+-- reaches, so no answer changes); 64-bit fields are read as two 32-bit halves and combined
+-- only when the value is within that range (`small`, `minus_now`); clock readings stay as
+-- (hi, lo) pairs. Remainders use math.fmod (exact) and quotients (a - fmod(a, b)) / b
+-- (exact). A sum or product of such values is compared with a bound that is itself exact
+-- (+-2^53, or a capacity below it) before it is used: when the true value is at or past the
+-- bound, the rounded double is too (rounding is monotone), so the check catches it; a value
+-- that passes is below 2^53 in magnitude, hence exact, and only then kept.
+-- Whenever a check fails, the script returns status 2 instead of guessing, and the client
+-- computes with the Rust core: the answer is never computed inexactly.
 --
 -- Expiry: the TTL runs to the moment a record recreated from the configuration would answer
 -- every later request exactly as this one (the core's BucketState::forgettable_at), plus the
@@ -86,10 +94,14 @@ if #rec < 12 or string.sub(rec, 1, 6) ~= 'b4rs\1\0' then return client() end
 local n = struct.unpack('>I2', rec, 7)
 if n < 1 or n > 16 or #rec < 12 + 56 * n then return client() end
 
+-- the signed 64-bit field at `pos`, or nil outside +-(2^53 - 1): h * 2^32 + l is exact for
+-- -2^21 <= h < 2^21 (at most 2^53 in magnitude), and -2^53 itself is refused
 local function small(pos)
   local h, l = struct.unpack('>i4I4', rec, pos)
   if h >= 2097152 or h < -2097152 then return nil end
-  return h * P32 + l
+  local v = h * P32 + l
+  if v <= -LIM then return nil end
+  return v
 end
 
 -- FNV-1a (32 bits) of `str` from hash `h`: h * 0x01000193 mod 2^32 is
@@ -152,10 +164,14 @@ do
   if sum ~= struct.unpack('>I4', rec, 9) then return client() end
 end
 
--- L - now, exact, or nil when it does not fit below 2^53
+-- L - now, exact, or nil when it may not fit within +-(2^53 - 1): with |dh| < 2^21, dh * 2^32
+-- is within +-(2^53 - 2^32) and ll - nl within +-(2^32 - 1), so the sum is within
+-- +-(2^53 - 1). (dh = -2^21 used to be let through: L - now down to -2^53 - 2^32 + 1, rounded,
+-- and the refill charged for a state the client then rejected.) Nil when dh >= 2^21 means L
+-- is ahead of now by more than 2^53 - 2^32; nil when dh <= -2^21, behind by more.
 local function minus_now(lh, ll)
   local dh = lh - nh
-  if dh >= 2097152 or dh < -2097152 then return nil end
+  if dh >= 2097152 or dh <= -2097152 then return nil end
   return dh * P32 + (ll - nl)
 end
 
@@ -174,7 +190,7 @@ for i = 1, n do
   local el = minus_now(lh, ll)
   if el == nil then
     if lh - nh < 0 then return client() end -- now far ahead of L: too long a gap
-    el = -1                                          -- L far ahead of now: no refill
+    el = -1                                 -- L far ahead of now: no refill
   else
     el = -el
   end
@@ -200,8 +216,10 @@ for i = 1, n do
   B[i] = {kind = kind, c = c, t = t, p = p, lh = lh, ll = ll, s = s, e = e}
 end
 
--- wait until `deficit` more tokens (SEMANTICS 5.1); nil when not exact here
+-- wait until `deficit` more tokens (SEMANTICS 5.1); nil when not exact here. `deficit` may
+-- come from a difference checked only here (capacity - tokens: up to 2^54).
 local function wait_for(b, deficit)
+  if deficit >= LIM then return nil end
   local lmn = minus_now(b.lh, b.ll)
   if lmn == nil then return nil end
   if b.kind ~= 0 then
@@ -210,7 +228,9 @@ local function wait_for(b, deficit)
     if r > 0 then q = q + 1 end
     local w = (q - 1) * b.p
     if w >= LIM then return nil end
-    w = w + lmn + b.p
+    w = w + b.p                 -- both below 2^53
+    if w >= LIM then return nil end
+    w = w + lmn                 -- 0 < w < 2^53, |lmn| < 2^53: above -2^53
     if w >= LIM then return nil end
     if w < 0 then w = 0 end
     return w
@@ -302,6 +322,13 @@ if not wrote then return {1, nh, nl, ts, tus, rec} end
 -- again and past its last refill. Never (keep the record): interval refill, initial tokens
 -- other than the capacity, tokens above capacity. Aligned refill: the client computes it.
 local keep, rel = false, 0
+-- i64::MAX - now (the clock's last reading), or nil when 2^53 or more: longer than any wait
+-- here. hh * 2^32 + hl with 0 <= hh < 2^21 is below 2^53.
+local headroom = nil
+do
+  local hh = 2147483647 - nh
+  if hh < 2097152 then headroom = hh * P32 + (4294967295 - nl) end
+end
 for i = 1, n do
   local b = B[i]
   if b.s > b.c or (b.s == b.c and b.e ~= 0) or b.kind == 1
@@ -317,7 +344,11 @@ for i = 1, n do
       rel = nil
     else
       if lmn > w then w = lmn end
-      if w > rel then rel = w end
+      if headroom ~= nil and w > headroom then
+        keep = true -- full again only after the clock's last reading: never, as the core says
+      elseif w > rel then
+        rel = w
+      end
     end
   end
 end

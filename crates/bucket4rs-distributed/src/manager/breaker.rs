@@ -125,6 +125,7 @@ impl CircuitBreaker {
             generation: AtomicU64::new(0),
             epoch: Instant::now(),
             probed_at: AtomicU64::new(0),
+            refused_until_fixed: AtomicBool::new(false),
         })
     }
 }
@@ -150,6 +151,10 @@ pub(super) struct Breaker {
     epoch: Instant,
     /// When a probe last started or ended, in nanoseconds since `epoch`.
     probed_at: AtomicU64,
+    /// Whether the last failure seen was a refusal that fails until the configuration
+    /// changes (a refused TLS handshake): the open breaker's refusals say so too, so a caller
+    /// keeps seeing a non-retryable error rather than a retryable "breaker open".
+    refused_until_fixed: AtomicBool,
 }
 
 impl Breaker {
@@ -182,14 +187,34 @@ impl Breaker {
 
     #[cold]
     fn open_error(&self) -> DistributedError {
-        DistributedError::Backend(BackendError::new(
+        let until_fixed = self.refused_until_fixed.load(Ordering::Relaxed);
+        let e = BackendError::new(
             BackendErrorKind::Unavailable,
             format!(
-                "the backend is unavailable: {} consecutive calls failed; calls fail at once \
+                "the backend is unavailable: {} consecutive calls failed{}; calls fail at once \
                  until a probe (every {:?}) reaches it",
-                self.threshold, self.probe_every
+                self.threshold,
+                if until_fixed {
+                    ", the last with a refused TLS handshake (it fails the same way until the \
+                     certificates or the URL change)"
+                } else {
+                    ""
+                },
+                self.probe_every
             ),
-        ))
+        );
+        DistributedError::Backend(if until_fixed {
+            e.refused_until_fixed()
+        } else {
+            e
+        })
+    }
+
+    /// Notes whether the failure just seen fails until the configuration changes.
+    fn note(&self, e: &DistributedError) {
+        let until_fixed = matches!(e, DistributedError::Backend(b) if b.is_refused_until_fixed());
+        self.refused_until_fixed
+            .store(until_fixed, Ordering::Relaxed);
     }
 
     /// The backend answered: the run of failures is over.
@@ -264,7 +289,16 @@ async fn probe_read<B: Backend>(inner: &Inner<B>, key: &StorageKey) -> bool {
         inner.backend.read(key).await.map_err(backend_error)
     })
     .await;
-    !matches!(read, Err(e) if means_down(&e))
+    match read {
+        Err(e) if means_down(&e) => {
+            // What the open breaker's refusals say follows the probe's failures.
+            if let Some(b) = &inner.breaker {
+                b.note(&e);
+            }
+            false
+        }
+        _ => true,
+    }
 }
 
 /// Whether an error means that the backend is down (what the breaker counts).
@@ -290,7 +324,7 @@ pub(super) fn record<B: Backend, T>(
         return;
     };
     match outcome {
-        Err(e) if means_down(e) => {}
+        Err(e) if means_down(e) => breaker.note(e),
         _ => return breaker.succeeded(),
     }
     // Without a runtime to probe on, the breaker does not open (calls keep their timeout).

@@ -271,6 +271,8 @@ impl Pool {
         let Some(deadline) = deadline else {
             return String::new();
         };
-        self.skew.on_server(deadline).to_string()
+        // The scripts compare it with the server's TIME in µs, exactly while both are below
+        // 2^53 (the year 2255): a later deadline changes no answer, and capped it stays exact.
+        self.skew.on_server(deadline).min((1 << 53) - 1).to_string()
     }
 }

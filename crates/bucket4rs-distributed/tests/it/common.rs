@@ -364,7 +364,8 @@ pub(crate) async fn remote_result<B: bucket4rs_distributed::Backend>(
         match r {
             Ok(v) => format!("{v:?}"),
             Err(DistributedError::Operation(e)) => format!("error: {e}"),
-            Err(e) => panic!("backend failure: {e:?}"),
+            // Reported, not panicked on: the caller's comparison names the case.
+            Err(e) => format!("backend failure: {e}"),
         }
     }
     match op {
@@ -382,6 +383,44 @@ pub(crate) async fn remote_result<B: bucket4rs_distributed::Backend>(
             b.reserve(n, Duration::from_nanos(w))
                 .await
                 .map(|r| r.map(nanos)),
+        ),
+    }
+}
+
+/// [`remote_result`] through the verbose view: the answer, with the clock reading it was
+/// computed at (`None` for an error: no reading comes back).
+pub(crate) async fn remote_verbose_result<B: Backend>(
+    op: RandomOp,
+    b: &RemoteBucket<B, bucket4rs_core::Verbose>,
+) -> (String, Option<i64>) {
+    fn show<T: std::fmt::Debug>(
+        r: Result<bucket4rs_core::VerboseResult<T>, DistributedError>,
+    ) -> (String, Option<i64>) {
+        match r {
+            Ok(v) => (format!("{:?}", v.value()), Some(v.now_nanos())),
+            Err(DistributedError::Operation(e)) => (format!("error: {e}"), None),
+            Err(e) => (format!("backend failure: {e}"), None),
+        }
+    }
+    match op {
+        RandomOp::TryConsume(n) => show(b.try_consume(n).await),
+        RandomOp::Probe(n) => show(b.try_consume_and_return_remaining(n).await),
+        RandomOp::Estimate(n) => show(b.estimate_ability_to_consume(n).await),
+        RandomOp::AsMuch(None) => show(b.try_consume_as_much_as_possible().await),
+        RandomOp::AsMuch(Some(l)) => show(b.try_consume_as_much_as_possible_with_limit(l).await),
+        RandomOp::Add(n) => show(b.add_tokens(n).await),
+        RandomOp::Force(n) => show(b.force_add_tokens(n).await),
+        RandomOp::Reset => show(b.reset().await),
+        RandomOp::Available => show(b.available_tokens().await),
+        RandomOp::Ignoring(n) => show(
+            b.consume_ignoring_rate_limits(n)
+                .await
+                .map(|v| v.map(nanos)),
+        ),
+        RandomOp::Reserve(n, w) => show(
+            b.reserve(n, Duration::from_nanos(w))
+                .await
+                .map(|v| v.map(|r| r.map(nanos))),
         ),
     }
 }
@@ -671,4 +710,185 @@ pub(crate) async fn dropped_waits_give_back_what_they_reserved<B: Backend>(
     assert_eq!(delayed.0, 4, "{:?}", heard.events());
     assert_eq!(interrupted.0, 4, "{:?}", heard.events());
     took
+}
+
+/// The boundary differential of the exact arithmetic (issue 33): clock readings and last
+/// refills at the edges of the range that doubles hold exactly (2^53 ns and around, ±2^32
+/// around it, the clock's extremes), for every backend to compare with the core.
+pub(crate) mod boundary {
+    use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, BucketState, RefillKind};
+    use std::time::Duration;
+
+    use super::RandomOp;
+
+    const P53: i64 = 1 << 53;
+    const P32: i64 = 1 << 32;
+
+    /// Client clock readings: around ±2^53 (±1, ±2^32 ± 1) and the extremes of the clock.
+    pub(crate) fn readings() -> Vec<i64> {
+        let mut v = vec![0, 1, -1, i64::MAX, i64::MAX - 1, i64::MIN + 1, i64::MIN + 2];
+        for base in [P53, -P53] {
+            for d in [-P32 - 1, -P32, -P32 + 1, -1, 0, 1, P32 - 1, P32, P32 + 1] {
+                v.push(base + d);
+            }
+        }
+        v
+    }
+
+    /// Distances of a last refill before a reading (a negative one: after it): 2^53 and
+    /// around, 2^53 ± 2^32 and around, and far beyond.
+    pub(crate) fn distances() -> Vec<i64> {
+        let mut v = vec![
+            0,
+            1,
+            P32 - 1,
+            P32,
+            P32 + 1,
+            1 << 52,
+            1 << 54,
+            1 << 62,
+            i64::MAX,
+        ];
+        for base in [P53 - P32, P53, P53 + P32] {
+            for d in [-1, 0, 1] {
+                v.push(base + d);
+            }
+        }
+        let after: Vec<i64> = v.iter().filter(|&&d| d != 0).map(|&d| -d).collect();
+        v.extend(after);
+        v
+    }
+
+    /// The configurations: the issue's (10 tokens, one a second, greedy), interval refill, a
+    /// fast greedy refill with a period not a multiple of its tokens, and two bandwidths.
+    pub(crate) fn configs() -> Vec<BucketConfiguration> {
+        let one = |b: Bandwidth| {
+            BucketConfiguration::builder()
+                .add_bandwidth(b)
+                .build()
+                .unwrap()
+        };
+        let greedy = Bandwidth::simple(10, Duration::from_secs(10)).unwrap();
+        let interval = Bandwidth::builder()
+            .capacity(10)
+            .refill_intervally(3, Duration::from_secs(7))
+            .build()
+            .unwrap();
+        let fast = Bandwidth::builder()
+            .capacity(1_000_000)
+            .refill_greedy(999_983, Duration::from_nanos(1_000_003))
+            .build()
+            .unwrap();
+        vec![
+            one(greedy.clone()),
+            one(interval.clone()),
+            one(fast),
+            BucketConfiguration::builder()
+                .add_bandwidth(greedy)
+                .add_bandwidth(interval)
+                .build()
+                .unwrap(),
+        ]
+    }
+
+    /// A valid state of `config` last refilled at `last_refill`: full, one short (consume 1,
+    /// add 1 and the like), empty with a remainder, or in debt (variant modulo 4).
+    pub(crate) fn state(
+        config: &BucketConfiguration,
+        last_refill: i64,
+        variant: usize,
+    ) -> BucketState {
+        let bandwidths = config
+            .bandwidths()
+            .iter()
+            .map(|b| {
+                let c = i64::try_from(b.capacity()).unwrap();
+                let p = i64::try_from(b.refill_period().as_nanos()).unwrap();
+                let greedy = b.refill_kind() == RefillKind::Greedy;
+                let (tokens, remainder) = match variant % 4 {
+                    0 => (c, 0),
+                    1 => (c - 1, if greedy { p / 2 } else { 0 }),
+                    2 => (0, if greedy { p - 1 } else { 0 }),
+                    _ => (-5, 0),
+                };
+                BandwidthState::from_parts(last_refill, tokens, remainder)
+            })
+            .collect();
+        let state = BucketState::from_bandwidths(bandwidths);
+        state.check(config).unwrap();
+        state
+    }
+
+    /// The operations: consumption, probes with waits, reservations (at once, within a wait,
+    /// beyond it), additions, reads.
+    pub(crate) fn ops() -> Vec<RandomOp> {
+        vec![
+            RandomOp::TryConsume(1),
+            RandomOp::Probe(3),
+            RandomOp::Estimate(25),
+            RandomOp::AsMuch(None),
+            RandomOp::AsMuch(Some(2)),
+            RandomOp::Add(1),
+            RandomOp::Force(5),
+            RandomOp::Reset,
+            RandomOp::Available,
+            RandomOp::Ignoring(2),
+            RandomOp::Reserve(3, u64::MAX),
+            RandomOp::Reserve(12, 1_000_000_000),
+            RandomOp::Reserve(40, 1 << 53),
+            RandomOp::TryConsume(11),
+        ]
+    }
+
+    /// One case: a configuration, a stored state, the client clock's reading and two
+    /// operations made at it.
+    #[derive(Clone)]
+    pub(crate) struct Case {
+        /// Which of [`configs`].
+        pub(crate) config_no: usize,
+        pub(crate) config: BucketConfiguration,
+        pub(crate) state: BucketState,
+        pub(crate) now: i64,
+        pub(crate) ops: [RandomOp; 2],
+    }
+
+    impl std::fmt::Debug for Case {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(
+                f,
+                "config #{} at {}, stored {:?}, then {:?}",
+                self.config_no,
+                self.now,
+                self.state.bandwidths(),
+                self.ops
+            )
+        }
+    }
+
+    /// Every reading × every distance in range × every configuration, with the state variants
+    /// and operation pairs taken in turn.
+    pub(crate) fn cases() -> Vec<Case> {
+        let configs = configs();
+        let ops = ops();
+        let mut out = Vec::new();
+        let mut n = 0usize;
+        for now in readings() {
+            for d in distances() {
+                let Some(last_refill) = now.checked_sub(d) else {
+                    continue;
+                };
+                for (config_no, config) in configs.iter().enumerate() {
+                    n += 1;
+                    out.push(Case {
+                        config_no,
+                        config: config.clone(),
+                        state: state(config, last_refill, n / 3),
+                        now,
+                        ops: [ops[n % ops.len()], ops[(n / ops.len() + n) % ops.len()]],
+                    });
+                }
+            }
+        }
+        out
+    }
 }

@@ -18,6 +18,8 @@ mod golden;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "redis")]
+mod redis_boundary;
+#[cfg(feature = "redis")]
 mod redis_faults;
 #[cfg(feature = "redis")]
 mod redis_tls;

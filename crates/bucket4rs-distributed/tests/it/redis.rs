@@ -19,7 +19,7 @@ use crate::common::{
 };
 use crate::redis_faults::OwnRedis;
 
-fn url() -> String {
+pub(crate) fn url() -> String {
     std::env::var("BUCKET4RS_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
@@ -29,11 +29,11 @@ async fn backend_at(url: &str) -> RedisBackend {
         .unwrap_or_else(|e| panic!("Redis at {url} is required for these tests: {e}"))
 }
 
-async fn backend() -> RedisBackend {
+pub(crate) async fn backend() -> RedisBackend {
     backend_at(&url()).await
 }
 
-async fn raw() -> redis::aio::MultiplexedConnection {
+pub(crate) async fn raw() -> redis::aio::MultiplexedConnection {
     redis::Client::open(url())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -129,15 +129,15 @@ async fn seeded(
 }
 
 /// An expiry no write sets: a key that still has it was not written.
-const SENTINEL_MS: i64 = 3_000_000_000_000;
+pub(crate) const SENTINEL_MS: i64 = 3_000_000_000_000;
 
 /// The TTL margin of the cross-checks (with a part below a millisecond, which both paths
 /// round up the same way).
-const MARGIN: Duration = Duration::from_nanos(1_500_000_300);
+pub(crate) const MARGIN: Duration = Duration::from_nanos(1_500_000_300);
 
 /// The PTTL a write of `state` at `now` must leave: the core's `forgettable_at` plus the
 /// margin, rounded up to milliseconds; -1 (no expiry) when the state is never forgettable.
-fn expected_pttl(
+pub(crate) fn expected_pttl(
     config: &bucket4rs_core::BucketConfiguration,
     state: &BucketState,
     now: i64,
@@ -145,7 +145,7 @@ fn expected_pttl(
     match state.forgettable_at(config, now) {
         None => -1,
         Some(at) => {
-            let ns = u128::try_from(at - now).unwrap() + MARGIN.as_nanos();
+            let ns = u128::try_from(i128::from(at) - i128::from(now)).unwrap() + MARGIN.as_nanos();
             let ms = ns.div_ceil(1_000_000).max(1);
             if ms >= 4_000_000_000_000_000 {
                 -1

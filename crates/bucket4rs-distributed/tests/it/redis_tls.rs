@@ -7,12 +7,12 @@ use std::error::Error as _;
 use std::time::{Duration, Instant};
 
 use bucket4rs_distributed::{
-    Backend, BackendError, BackendErrorKind, ProxyManager, RedisBackend, RedisOptions, TlsError,
-    TlsOptions,
+    Backend, BackendError, BackendErrorKind, CircuitBreaker, DistributedError, ProxyManager,
+    RedisBackend, RedisOptions, TlsError, TlsOptions,
 };
 
 use crate::certs::Certs;
-use crate::common::{runtime, simple, unique_prefix};
+use crate::common::{join_in_order, runtime, simple, unique_prefix};
 use crate::redis_faults::OwnRedis;
 
 /// A redis-server of our own listening on TLS only, on a free loopback port; killed on drop.
@@ -248,5 +248,98 @@ fn redis_tls_refusals_are_typed_errors() {
             .ca_file(certs.path("missing.pem"))
             .unwrap_err();
         assert!(matches!(e, TlsError::File { .. }), "{e}");
+    });
+}
+
+/// Through a remote bucket, a refused handshake (a CA that did not sign the server's
+/// certificate) is not retryable at the caller's level either, as the failure table says:
+/// not for the call that met it, not for the other callers of its batch (who get copies of
+/// the error without its source), and not once the refusals have opened the circuit breaker
+/// (whose refusals say why). A port nobody listens on stays retryable.
+#[test]
+fn a_remote_bucket_behind_a_refused_tls_handshake_is_not_retryable() {
+    let certs = Certs::new();
+    let server = TlsRedis::start(&certs, false);
+    runtime().block_on(async {
+        let options = RedisOptions::default()
+            .connect_timeout(Duration::from_millis(300))
+            .tls(trusting(&certs, "other-ca.pem"));
+        let backend = RedisBackend::connect(&server.url("localhost"), options)
+            .await
+            .unwrap();
+        // Until the background connection has met the server's certificate.
+        let (r, _) = first_answer(&backend).await;
+        let e = r.unwrap_err();
+        assert_eq!(tls_cause(&e), Some(&TlsError::UnknownIssuer), "{e}");
+        let config = || simple(3, Duration::from_secs(3_600));
+        let check = |what: &str, r: Result<bool, DistributedError>| -> DistributedError {
+            let e = r.expect_err(what);
+            assert!(
+                matches!(&e, DistributedError::Backend(b) if b.kind() == BackendErrorKind::Unavailable),
+                "{what}: {e}"
+            );
+            assert!(!e.is_retryable(), "{what}: retryable: {e}");
+            assert!(e.is_unavailable() && !e.is_in_doubt(), "{what}: {e}");
+            e
+        };
+
+        // Four callers at once on one key (breaker off): the first goes alone, the others
+        // as one batch, whose error each gets.
+        let manager = ProxyManager::configure(backend.clone())
+            .key_prefix(unique_prefix("tls-caller"))
+            .circuit_breaker(CircuitBreaker::off())
+            .build()
+            .unwrap();
+        let b = manager.builder().build("k", config).unwrap();
+        let calls: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = _>>>> =
+            (0..4).map(|_| Box::pin(b.try_consume(1)) as _).collect();
+        let mut with_source = 0;
+        for (i, r) in join_in_order(calls).await.into_iter().enumerate() {
+            let e = check(&format!("concurrent call {i}"), r);
+            with_source += usize::from(
+                e.source()
+                    .and_then(|s| s.source())
+                    .is_some_and(|s| s.downcast_ref::<TlsError>().is_some()),
+            );
+        }
+        assert!(with_source >= 1, "no caller saw the TLS cause");
+
+        // The default breaker (open after 5 consecutive failures): refusals before it opens
+        // and the breaker's own after are all non-retryable, and the latter name the cause.
+        let manager = ProxyManager::configure(backend.clone())
+            .key_prefix(unique_prefix("tls-breaker"))
+            .build()
+            .unwrap();
+        let b = manager.builder().build("k", config).unwrap();
+        let mut by_breaker = 0;
+        for i in 0..10 {
+            let e = check(&format!("call {i}"), b.try_consume(1).await);
+            if e.to_string().contains("consecutive calls failed") {
+                assert!(e.to_string().contains("refused TLS handshake"), "{e}");
+                by_breaker += 1;
+            }
+        }
+        println!("tls: a remote bucket behind a refused handshake: 14 non-retryable errors, {by_breaker} from the open breaker");
+        assert!(by_breaker >= 4, "the breaker did not open: {by_breaker}");
+
+        // The control: no server at all is retryable (it may come up).
+        let nobody = RedisBackend::connect(
+            &format!("redis://127.0.0.1:{}", free_port()),
+            RedisOptions::default(),
+        )
+        .await
+        .unwrap();
+        let manager = ProxyManager::configure(nobody)
+            .circuit_breaker(CircuitBreaker::off())
+            .build()
+            .unwrap();
+        let e = manager
+            .builder()
+            .build("k", config)
+            .unwrap()
+            .try_consume(1)
+            .await
+            .unwrap_err();
+        assert!(e.is_retryable(), "{e}");
     });
 }

@@ -5,6 +5,7 @@
 //! and never touch the shared one.
 #![cfg(feature = "postgres")]
 
+mod boundary;
 #[path = "../it/certs.rs"]
 mod certs;
 #[path = "../it/common.rs"]

@@ -200,6 +200,16 @@ fn postgres_tls_refusals_are_typed_errors() {
             assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{what}: {e}");
             assert!(!e.is_retryable(), "{what}: {e}");
             assert!(took < Duration::from_secs(1), "{what}: {took:?}");
+            // Through a remote bucket: not retryable at the caller's level either.
+            let b = ProxyManager::new(backend.clone())
+                .builder()
+                .build("k", || simple(3, Duration::from_secs(3_600)))
+                .unwrap();
+            let e = b.try_consume(1).await.unwrap_err();
+            assert!(
+                !e.is_retryable() && e.is_unavailable() && !e.is_in_doubt(),
+                "{what}, through a remote bucket: {e}"
+            );
         }
         // prefer on a plaintext server: plaintext, as libpq does.
         let preferred = created(&with(&plain.url(), "sslmode=prefer")).await;
