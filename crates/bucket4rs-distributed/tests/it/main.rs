@@ -20,5 +20,7 @@ mod redis;
 #[cfg(feature = "redis")]
 mod redis_faults;
 #[cfg(feature = "redis")]
+mod redis_kit;
+#[cfg(feature = "redis")]
 mod redis_tls;
 mod waits;
