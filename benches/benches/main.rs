@@ -8,6 +8,9 @@
 //! - `keyed`: bucket4rs-local's `KeyedBucket` (foldhash, and on SipHash) next to governor's
 //!   keyed limiter, `String` keys, 1 and 10,000 keys, 1 and 2 threads, success and denied;
 //!   the Redis and PostgreSQL backends when built with their features and reachable.
+//! - `backends`: the embedded, SQLite and PostgreSQL backends of bucket4rs-distributed, 1 and
+//!   16 clients on 1 and 10,000 keys (SQLite with `--features sqlite`, PostgreSQL with
+//!   `--features postgres` when reachable).
 //! - `listener`: `try_consume(1)` with no listener, `NoopListener` and `SimpleBucketListener`,
 //!   on the lock-free and synchronized strategies: what a listener costs on the hot path.
 //! - `memory`: building a bucket of 1, 2, 4 and 8 bandwidths (the byte counts come from the
@@ -20,6 +23,7 @@
 
 use criterion::{criterion_group, criterion_main};
 
+mod backends;
 mod clock;
 mod contention;
 mod keyed;
@@ -33,6 +37,7 @@ criterion_group!(
     clock::bench,
     contention::bench,
     keyed::bench,
+    backends::bench,
     listener::bench,
     memory::bench
 );

@@ -49,8 +49,9 @@ const QUICK_ARGS: [&str; 9] = [
 const FULL_ARGS: [&str; 5] = ["--warm-up-time", "1", "--measurement-time", "3", "--noplot"];
 
 /// The features the benchmarks are built with: the Redis and PostgreSQL backends are
-/// measured when their servers answer, and skipped with a note when they do not.
-const FEATURES: &str = "redis,postgres";
+/// measured when their servers answer, and skipped with a note when they do not; the SQLite
+/// backend on a file of its own.
+const FEATURES: &str = "redis,postgres,sqlite";
 
 /// The hook `cargo xtask ci` calls (`ci::BENCH`).
 pub(crate) fn run(sh: &Shell, quick: bool) -> Result<()> {

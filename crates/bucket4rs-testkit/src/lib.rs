@@ -16,7 +16,7 @@
 //! | `hostile_keys` | keys of any content and of the maximum length are distinct buckets, found and removed by their storage key |
 //! | `deadline` | a transaction that reaches the store after its caller's deadline writes nothing |
 //! | `batching` | operations queued on one key and sent together answer as the core applying them one by one |
-//! | `retryable_errors` | an error the backend marks retryable took no token: retried calls never charge twice |
+//! | `retryable_errors` | an error the backend marks retryable took no token: retried calls never charge twice, and a call that gives up after its retries took nothing |
 //! | `stopped` (with [`Fault::Stop`]) | calls fail with an "unavailable" error while the store is down, charge nothing, and work once it is back |
 //! | `frozen` (with [`Fault::Freeze`]) | calls time out while the store answers nothing, and nothing is charged after their deadline once it thaws |
 //! | `restart` (with [`Fault::Restart`]) | after a restart the first call succeeds and every bucket is as it was |

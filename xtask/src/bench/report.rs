@@ -281,6 +281,7 @@ fn groups(rows: &[Row]) -> Vec<&str> {
         "keyed/success",
         "keyed/rejection",
         "keyed_remote/try_consume",
+        "backends/try_consume",
         "listener/lock_free",
         "listener/synchronized",
         "memory/build",

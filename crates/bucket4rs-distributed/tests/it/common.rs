@@ -1,129 +1,16 @@
-//! The conformance engine shared by every backend.
+//! Helpers shared by the backends' tests (the `it` and `postgres` binaries): random
+//! operations checked against the core, hot-key hammers, child processes, restarts.
 
 use std::time::Duration;
 
-use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, Clock, ManualClock, ops};
+use bucket4rs_core::{Bandwidth, BucketConfiguration, BucketState, ManualClock, ops};
 use bucket4rs_distributed::{Backend, DistributedError, ProxyManager, RemoteBucket, TimeSource};
-use bucket4rs_test::{Engine, Op, outcome};
 use rand::Rng;
-use serde_json::Value;
 use tokio::runtime::Runtime;
 
-/// A remote bucket driven through the trace replayer.
-pub(crate) struct Remote<'r, B> {
-    pub(crate) bucket: RemoteBucket<B>,
-    pub(crate) clock: ManualClock,
-    pub(crate) rt: &'r Runtime,
-}
-
-fn e(e: DistributedError) -> String {
-    e.to_string()
-}
-
-/// A wait in nanoseconds, as the traces and the core give it.
+/// A wait in nanoseconds, as the core gives it.
 pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).expect("waits fit in u64")
-}
-
-impl<B: Backend> Engine for Remote<'_, B> {
-    fn execute(&mut self, op: &Op) -> Result<Value, String> {
-        let b = &self.bucket;
-        self.rt.block_on(async {
-            Ok(match op {
-                Op::TryConsume(n) => Value::from(b.try_consume(*n).await.map_err(e)?),
-                Op::TryConsumeAndReturnRemaining(n) => {
-                    outcome::probe(&b.try_consume_and_return_remaining(*n).await.map_err(e)?)
-                }
-                Op::EstimateAbilityToConsume(n) => {
-                    outcome::estimate(&b.estimate_ability_to_consume(*n).await.map_err(e)?)
-                }
-                Op::TryConsumeAsMuchAsPossible(None) => {
-                    Value::from(b.try_consume_as_much_as_possible().await.map_err(e)?)
-                }
-                Op::TryConsumeAsMuchAsPossible(Some(l)) => Value::from(
-                    b.try_consume_as_much_as_possible_with_limit(*l)
-                        .await
-                        .map_err(e)?,
-                ),
-                Op::AddTokens(n) => {
-                    b.add_tokens(*n).await.map_err(e)?;
-                    outcome::unit()
-                }
-                Op::ForceAddTokens(n) => {
-                    b.force_add_tokens(*n).await.map_err(e)?;
-                    outcome::unit()
-                }
-                Op::Reset => {
-                    b.reset().await.map_err(e)?;
-                    outcome::unit()
-                }
-                Op::AvailableTokens => Value::from(b.available_tokens().await.map_err(e)?),
-                Op::ConsumeIgnoringRateLimits(n) => {
-                    Value::from(nanos(b.consume_ignoring_rate_limits(*n).await.map_err(e)?))
-                }
-                Op::ReplaceConfiguration(c, s) => {
-                    b.replace_configuration(c.clone(), *s).await.map_err(e)?;
-                    outcome::unit()
-                }
-                Op::BlockingTryConsume {
-                    tokens,
-                    max_wait_nanos,
-                } => {
-                    let parked = b
-                        .reserve(*tokens, Duration::from_nanos(*max_wait_nanos))
-                        .await
-                        .map_err(e)?
-                        .map(nanos);
-                    if let Some(w) = parked {
-                        self.clock.advance_nanos(w as i64);
-                    }
-                    outcome::blocking_try(parked)
-                }
-                Op::BlockingConsume(n) => {
-                    let w = nanos(b.consume_ignoring_rate_limits(*n).await.map_err(e)?);
-                    self.clock.advance_nanos(w as i64);
-                    outcome::blocking(w)
-                }
-            })
-        })
-    }
-
-    fn snapshot(&mut self) -> String {
-        match self.rt.block_on(self.bucket.raw_record()) {
-            Ok(Some(bytes)) => format!("{bytes:02x?}"),
-            Ok(None) => "absent".into(),
-            Err(err) => format!("error: {err}"),
-        }
-    }
-}
-
-/// Builds the engine for one trace on `backend`, with a manager on the trace's manual
-/// clock; the bucket is materialised at the trace's start time.
-pub(crate) fn build<'r, B: Backend>(
-    rt: &'r Runtime,
-    backend: B,
-    prefix: &str,
-    key: &str,
-    config: BucketConfiguration,
-    clock: ManualClock,
-) -> Result<Remote<'r, B>, String> {
-    config
-        .check_clock(clock.is_wall_clock_based())
-        .map_err(|e| e.to_string())?;
-    // Semantics are checked here, not latency: a patient call timeout, so one slow answer
-    // of a shared server on a loaded machine does not fail a whole replay.
-    let manager = ProxyManager::configure(backend)
-        .key_prefix(prefix)
-        .time_source(TimeSource::client(clock.clone()))
-        .timeout(Duration::from_secs(30))
-        .build()
-        .map_err(e)?;
-    let bucket = manager
-        .builder()
-        .build(key, move || config.clone())
-        .map_err(e)?;
-    rt.block_on(bucket.available_tokens()).map_err(e)?;
-    Ok(Remote { bucket, clock, rt })
 }
 
 /// A current-thread runtime for a test.

@@ -22,5 +22,7 @@ mod redis_boundary;
 #[cfg(feature = "redis")]
 mod redis_faults;
 #[cfg(feature = "redis")]
+mod redis_kit;
+#[cfg(feature = "redis")]
 mod redis_tls;
 mod waits;

@@ -90,12 +90,12 @@ impl OwnRedis {
     }
 
     /// `kill -STOP`: the server holds every connection open and answers nothing.
-    fn freeze(&self) {
+    pub(crate) fn freeze(&self) {
         self.signal("-STOP");
     }
 
     /// `kill -CONT`.
-    fn resume(&self) {
+    pub(crate) fn resume(&self) {
         self.signal("-CONT");
     }
 

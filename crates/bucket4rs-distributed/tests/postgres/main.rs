@@ -13,6 +13,7 @@ mod certs;
 mod common;
 mod exhaustion;
 mod fault;
+mod kit;
 mod own;
 mod tls;
 
@@ -24,11 +25,10 @@ use bucket4rs_distributed::{
     BackendErrorKind, DistributedError, FormatError, PostgresBackend, PostgresOptions,
     PostgresStats, ProxyManager, RemoteBucket, TimeSource,
 };
-use bucket4rs_test::replay_all;
 
 use crate::common::{
-    build, drain_after_restart, dropped_waits_give_back_what_they_reserved, epoch_ms,
-    hammer_hot_key, patient, reported, run_children, runtime, simple,
+    drain_after_restart, dropped_waits_give_back_what_they_reserved, epoch_ms, hammer_hot_key,
+    patient, reported, run_children, runtime, simple,
 };
 use crate::own::OwnPostgres;
 
@@ -148,30 +148,6 @@ fn multi_thread() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-#[test]
-fn every_trace_replays_through_postgres_with_a_manual_client_clock() {
-    let rt = runtime();
-    let table = Table::new("conformance");
-    let backend = rt.block_on(backend(&table));
-    let prefix = unique_prefix("conformance");
-    let mut n = 0;
-    replay_all("postgres", |config, clock| {
-        n += 1;
-        build(
-            &rt,
-            backend.clone(),
-            &prefix,
-            &format!("t{n}"),
-            config,
-            clock,
-        )
-    });
-    let stats = backend.stats();
-    println!("postgres conformance stats: {stats:?}");
-    // A single client: every operation but the raw reads of the replayer is one statement.
-    assert_eq!(stats.conflicts, 0, "{stats:?}");
 }
 
 const CHILD_ENV: &str = "BUCKET4RS_TEST_PG_CHILD";
@@ -864,7 +840,7 @@ fn a_lock_holder_blocks_callers_only_until_the_timeouts_and_termination_frees_th
 }
 
 #[test]
-fn a_server_restart_errors_within_the_timeout_then_recovers_without_granting_twice() {
+fn fault_postgres_server_restart_errors_within_the_timeout_then_recovers_without_granting_twice() {
     let server = OwnPostgres::init();
     server.start();
     let rt = multi_thread();

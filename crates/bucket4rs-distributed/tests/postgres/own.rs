@@ -152,17 +152,30 @@ impl OwnPostgres {
         pids
     }
 
-    /// Sends `signal` (`STOP`, `CONT`) to every process of this cluster, by pid.
+    /// Sends `signal` (`STOP`, `CONT`) to every process of this cluster, by pid; how many.
+    /// The processes are listed again until no new one appears: a backend the postmaster
+    /// forked for a client connecting while the first list was made is signalled too (once
+    /// the postmaster itself is stopped, it forks no more).
     pub(crate) fn signal(&self, signal: &str) -> usize {
-        let pids = self.pids();
-        for pid in &pids {
-            let _ = Command::new("kill")
-                .arg(format!("-{signal}"))
-                .arg(pid.to_string())
-                .stderr(std::process::Stdio::null())
-                .status();
+        let mut sent = std::collections::HashSet::new();
+        loop {
+            let new: Vec<u32> = self
+                .pids()
+                .into_iter()
+                .filter(|p| !sent.contains(p))
+                .collect();
+            if new.is_empty() {
+                return sent.len();
+            }
+            for pid in new {
+                let _ = Command::new("kill")
+                    .arg(format!("-{signal}"))
+                    .arg(pid.to_string())
+                    .stderr(std::process::Stdio::null())
+                    .status();
+                sent.insert(pid);
+            }
         }
-        pids.len()
     }
 }
 

@@ -1,5 +1,6 @@
 //! The SQLite backend: the backend kit, a restart of the process, four processes on one file,
-//! a damaged file, and an executor that is never blocked while the file is locked.
+//! a damaged file (its header before it is opened, a page of its table after it was used), and
+//! an executor that is never blocked while the file is locked.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -258,6 +259,107 @@ fn a_damaged_file_is_refused_and_left_as_it_is() {
         std::fs::read(dir.file()).unwrap(),
         bytes,
         "the file changed"
+    );
+}
+
+/// A database whose buckets table is damaged after it was set up and used (its b-tree's root
+/// page overwritten, as a torn write or a bad sector would leave it; SQLite itself reports the
+/// file corrupt): every operation fails with a typed, non-retryable error, and the file is
+/// left byte for byte.
+#[test]
+fn a_page_damaged_after_setup_is_refused_typed_and_changes_nothing() {
+    let dir = TempDir::new("page");
+    let rt = runtime();
+    // 200 buckets: the table's b-tree has a root page above its leaves.
+    rt.block_on(async {
+        let backend = SqliteBackend::open(dir.file(), SqliteOptions::default())
+            .await
+            .unwrap();
+        let manager = ProxyManager::new(backend);
+        for k in 0..200 {
+            let b = manager
+                .builder()
+                .build(format!("tenant-{k}"), || no_refill(100))
+                .unwrap();
+            assert!(b.try_consume(3).await.unwrap());
+        }
+    });
+    // Everything in the main file (the backend's connection may still be closing), then the
+    // table's root page found and overwritten.
+    let conn = rusqlite::Connection::open(dir.file()).unwrap();
+    let busy: i64 = conn
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(busy, 0, "the checkpoint was blocked");
+    let page_size: i64 = conn
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap();
+    let root: i64 = conn
+        .query_row(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'bucket4rs'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    conn.close().unwrap();
+    assert!(root > 1, "the table's root is page {root}");
+    let (root, page_size) = (
+        usize::try_from(root).unwrap(),
+        usize::try_from(page_size).unwrap(),
+    );
+    let mut bytes = std::fs::read(dir.file()).unwrap();
+    let page = (root - 1) * page_size..root * page_size;
+    assert!(
+        page.end <= bytes.len(),
+        "page {root} is past the end of the file"
+    );
+    bytes[page].fill(0xa5);
+    std::fs::write(dir.file(), &bytes).unwrap();
+    // The damage is what SQLite calls a corrupt database, not some other failure.
+    let conn = rusqlite::Connection::open(dir.file()).unwrap();
+    let read = conn.query_row("SELECT count(*) FROM bucket4rs", [], |r| r.get::<_, i64>(0));
+    assert_eq!(
+        read.as_ref()
+            .err()
+            .and_then(rusqlite::Error::sqlite_error_code),
+        Some(rusqlite::ErrorCode::DatabaseCorrupt),
+        "{read:?}"
+    );
+    conn.close().unwrap();
+    rt.block_on(async {
+        // Opening reads only the schema (page 1), which is intact: the calls find the damage.
+        let backend = SqliteBackend::open(dir.file(), SqliteOptions::default())
+            .await
+            .unwrap();
+        let manager = ProxyManager::new(backend);
+        for key in ["tenant-7", "tenant-199", "a new key"] {
+            let b = manager.builder().build(key, || no_refill(100)).unwrap();
+            let failures = [
+                b.try_consume(1).await.map(drop),
+                b.add_tokens(1).await,
+                b.reset().await,
+                b.available_tokens().await.map(drop),
+            ];
+            for r in failures {
+                match r {
+                    Err(bucket4rs_distributed::DistributedError::Backend(e)) => {
+                        assert_eq!(e.kind(), BackendErrorKind::Protocol, "{key}: {e}");
+                        assert!(!e.is_retryable(), "{key}: {e}");
+                    }
+                    other => panic!("{key}: {other:?}, not a typed backend error"),
+                }
+            }
+        }
+        let removed = manager.remove("tenant-7").await;
+        assert!(
+            removed.is_err(),
+            "a removal from a damaged table: {removed:?}"
+        );
+    });
+    assert_eq!(
+        std::fs::read(dir.file()).unwrap(),
+        bytes,
+        "the damaged file changed"
     );
 }
 
