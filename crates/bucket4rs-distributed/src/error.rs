@@ -234,8 +234,8 @@ impl BackendError {
     /// it does not name, a plaintext server): [`DistributedError::is_retryable`] is false for
     /// it whatever its kind.
     #[must_use]
-    pub(crate) fn refused_until_fixed(mut self) -> Self {
-        self.refused_until_fixed = true;
+    pub(crate) fn refused_until_fixed(mut self, refused: bool) -> Self {
+        self.refused_until_fixed = refused;
         self
     }
 

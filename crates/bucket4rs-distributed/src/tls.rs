@@ -99,7 +99,7 @@ impl TlsError {
     /// nor by the caller (the same handshake fails until the certificates or the URL change).
     pub(crate) fn into_backend(self) -> BackendError {
         BackendError::new(BackendErrorKind::Unavailable, self.to_string())
-            .refused_until_fixed()
+            .refused_until_fixed(true)
             .with_source(self)
     }
 

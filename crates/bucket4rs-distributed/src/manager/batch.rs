@@ -316,15 +316,12 @@ fn duplicate(e: &DistributedError) -> DistributedError {
         DistributedError::Key(k) => DistributedError::Key(k.clone()),
         DistributedError::Format(f) => DistributedError::Format(f.clone()),
         DistributedError::Timeout { after } => DistributedError::Timeout { after: *after },
-        DistributedError::Backend(b) => {
-            let copy = BackendError::new(b.kind(), b.message()).retryable(b.is_retryable());
-            // The backend's verdict on retrying goes to every caller, not only the last.
-            DistributedError::Backend(if b.is_refused_until_fixed() {
-                copy.refused_until_fixed()
-            } else {
-                copy
-            })
-        }
+        // The backend's verdict on retrying goes to every caller, not only the last.
+        DistributedError::Backend(b) => DistributedError::Backend(
+            BackendError::new(b.kind(), b.message())
+                .retryable(b.is_retryable())
+                .refused_until_fixed(b.is_refused_until_fixed()),
+        ),
         DistributedError::Blocking(s) => DistributedError::Blocking(s),
         DistributedError::InvalidSetting { setting, reason } => {
             DistributedError::InvalidSetting { setting, reason }

@@ -203,11 +203,7 @@ impl Breaker {
                 self.probe_every
             ),
         );
-        DistributedError::Backend(if until_fixed {
-            e.refused_until_fixed()
-        } else {
-            e
-        })
+        DistributedError::Backend(e.refused_until_fixed(until_fixed))
     }
 
     /// Notes whether the failure just seen fails until the configuration changes.
