@@ -27,6 +27,8 @@ pub(crate) const EXEMPT: &str = "bucket4rs_http_exempt_total";
 pub(crate) const STORE_ERRORS: &str = "bucket4rs_http_store_errors_total";
 pub(crate) const FAILURE_POLICY: &str = "bucket4rs_http_failure_policy_total";
 pub(crate) const GIVE_BACK_FAILURES: &str = "bucket4rs_http_give_back_failures_total";
+/// The `limit` label of the client's plan (a further limit is labelled with its name).
+pub(crate) const CLIENT: &str = "client";
 #[cfg(feature = "distributed")]
 pub(crate) const BREAKER_OPEN: &str = "bucket4rs_http_store_breaker_open";
 

@@ -199,7 +199,7 @@ pub(crate) fn verdict<ResBody: From<Bytes>>(
         shadow: None,
     };
     if probe.is_consumed() {
-        plan.counters("client").allowed.increment(1);
+        plan.counters(crate::metrics::CLIENT).allowed.increment(1);
         Verdict::Allow(Some(headers))
     } else {
         verdict_many(shared, &[Asked { plan, answer }], cost, grpc())
@@ -254,7 +254,11 @@ pub(crate) fn verdict_many<ResBody: From<Bytes>>(
     let mut shadowed: Option<(String, u64)> = None;
     for (i, a) in asked.iter().enumerate() {
         let plan = under(a.plan, a.answer);
-        let counters = plan.counters(if i == 0 { "client" } else { plan.name() });
+        let counters = plan.counters(if i == 0 {
+            crate::metrics::CLIENT
+        } else {
+            plan.name()
+        });
         let probe = a.answer.value();
         if i > 0 {
             policy.extend_from_slice(b", ");

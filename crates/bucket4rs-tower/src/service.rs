@@ -184,7 +184,14 @@ fn decide_in<ReqBody, ResBody: From<Bytes> + Send + 'static>(
     match &shared.store {
         Store::Local(local) => Ok(match local.ask(&key, &plan, cost) {
             Ok(answer) => response::verdict(shared, &plan, &answer, cost, grpc),
-            Err(e) => failed(shared, (&plan, CLIENT), &key, cost, grpc(), e),
+            Err(e) => failed(
+                shared,
+                (&plan, crate::metrics::CLIENT),
+                &key,
+                cost,
+                grpc(),
+                e,
+            ),
         }),
         #[cfg(feature = "distributed")]
         Store::Remote(remote) => ask_remote(shared, &**remote, &key, plan, cost, grpc()),
@@ -234,7 +241,16 @@ fn ask_remote<ResBody: From<Bytes> + Send + 'static>(
 ) -> Pending<Response<ResBody>> {
     let asked = match remote.ask(key, &plan, cost) {
         Ok(f) => f,
-        Err(e) => return Ok(failed(shared, (&plan, CLIENT), key, cost, grpc, e)),
+        Err(e) => {
+            return Ok(failed(
+                shared,
+                (&plan, crate::metrics::CLIENT),
+                key,
+                cost,
+                grpc,
+                e,
+            ));
+        }
     };
     let (shared, key) = (Arc::clone(shared), key.to_owned());
     Err(Box::pin(async move {
@@ -242,13 +258,17 @@ fn ask_remote<ResBody: From<Bytes> + Send + 'static>(
         observe_breaker(&shared);
         match answered {
             Ok(answer) => response::verdict(&shared, &plan, &answer, cost, || grpc),
-            Err(e) => failed(&shared, (&plan, CLIENT), &key, cost, grpc, e),
+            Err(e) => failed(
+                &shared,
+                (&plan, crate::metrics::CLIENT),
+                &key,
+                cost,
+                grpc,
+                e,
+            ),
         }
     }))
 }
-
-/// The `limit` label of the client's plan (a further limit is labelled with its name).
-const CLIENT: &str = "client";
 
 /// Reports the shared store's circuit breaker when a request sees it change.
 #[cfg(feature = "distributed")]
@@ -340,7 +360,7 @@ async fn decide_many<ResBody: From<Bytes> + Send + 'static>(
             Err(e) => {
                 give_back_all(&shared, &asked, cost).await;
                 let limit = match target {
-                    Target::Client => CLIENT,
+                    Target::Client => crate::metrics::CLIENT,
                     Target::Limit(_) => plan.name(),
                 };
                 return failed(&shared, (&plan, limit), &key, cost, grpc, e);
