@@ -129,34 +129,10 @@ where
     for w in work {
         all.push(w);
     }
-    for r in join_all(all).await {
+    for r in futures_util::future::join_all(all).await {
         r?;
     }
     Ok(())
-}
-
-/// Polls every future to completion on the current task.
-async fn join_all<F: core::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    core::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    core::task::Poll::Ready(v) => *o = Some(v),
-                    core::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            core::task::Poll::Pending
-        } else {
-            core::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }
 
 /// `iters` calls shared out among `clients` spawned tasks, each on the keys from its own

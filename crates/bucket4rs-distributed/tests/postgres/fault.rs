@@ -133,7 +133,7 @@ fn fault_postgres_frozen_calls_that_time_out_charge_nothing() {
                     let t = Instant::now();
                     (b.try_consume(1).await, t.elapsed())
                 });
-                for (r, took) in futures_join(calls).await {
+                for (r, took) in futures_util::future::join_all(calls).await {
                     assert!(r.as_ref().is_err_and(|e| e.is_unavailable()), "{r:?}");
                     slowest = slowest.max(took);
                     failed += 1;
@@ -178,33 +178,6 @@ fn fault_postgres_frozen_calls_that_time_out_charge_nothing() {
             assert_eq!(tokens(&stored.0), left, "{how}");
         }
     });
-}
-
-async fn futures_join<F: core::future::Future>(calls: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let handles: Vec<_> = calls.collect();
-    let mut out = Vec::new();
-    // Polled together: all are in flight at once.
-    let mut pinned: Vec<_> = handles.into_iter().map(Box::pin).collect();
-    let mut done: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
-    core::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, d) in pinned.iter_mut().zip(done.iter_mut()) {
-            if d.is_none() {
-                match f.as_mut().poll(cx) {
-                    core::task::Poll::Ready(v) => *d = Some(v),
-                    core::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            core::task::Poll::Pending
-        } else {
-            core::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.extend(done.into_iter().flatten());
-    out
 }
 
 /// `pg_ctl stop -m immediate`, then a start on the same port: the first request after the
@@ -278,7 +251,7 @@ fn fault_postgres_restart_first_request_succeeds_and_charges_once() {
             .unwrap();
         // Several pooled connections, all of which the restart breaks.
         let warm = (0..8).map(|_| b.try_consume(1));
-        for r in futures_join(warm).await {
+        for r in futures_util::future::join_all(warm).await {
             assert!(r.unwrap());
         }
         let mut ok = 8;
