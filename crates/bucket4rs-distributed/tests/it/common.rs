@@ -611,6 +611,16 @@ pub(crate) mod boundary {
     const P53: i64 = 1 << 53;
     const P32: i64 = 1 << 32;
 
+    /// Fails with the first few of `failures` (of `of` cases), if any.
+    pub(crate) fn report(failures: &[String], of: usize) {
+        assert!(
+            failures.is_empty(),
+            "{} of {of} cases differ from the core; the first:\n{}",
+            failures.len(),
+            failures[..failures.len().min(12)].join("\n")
+        );
+    }
+
     /// Client clock readings: around ±2^53 (±1, ±2^32 ± 1) and the extremes of the clock.
     pub(crate) fn readings() -> Vec<i64> {
         let mut v = vec![0, 1, -1, i64::MAX, i64::MAX - 1, i64::MIN + 1, i64::MIN + 2];

@@ -64,15 +64,6 @@ async fn seed(
     let _: () = raw.pexpire(key, SENTINEL_MS).await.unwrap();
 }
 
-fn report(failures: &[String], of: usize) {
-    assert!(
-        failures.is_empty(),
-        "{} of {of} cases differ from the core; the first:\n{}",
-        failures.len(),
-        failures[..failures.len().min(12)].join("\n")
-    );
-}
-
 /// The reproduction: 10 tokens, one a second; consume 1, add 1 at 0; the client
 /// clock at 2^53 + 1 ns: `try_consume(1)` succeeds, as the core does, and stores the core's
 /// state (the script used to write L = 2^53, the client rejected it as `Inconsistent` and
@@ -157,7 +148,7 @@ fn boundary_readings_on_a_client_clock_match_the_core() {
         }
         let stats = backend.stats();
         println!("boundary (client clock): {} cases, {stats:?}", cases.len());
-        report(&failures, cases.len());
+        boundary::report(&failures, cases.len());
         // Both paths were taken: the script where it is exact, the client where it is not.
         assert!(stats.fast_path > 0 && stats.exact_path > 0, "{stats:?}");
     });
@@ -219,7 +210,7 @@ fn boundary_distances_on_the_server_clock_match_the_core() {
         }
         let stats = backend.stats();
         println!("boundary (server clock): {n} cases, {stats:?}");
-        report(&failures, n);
+        boundary::report(&failures, n);
         assert!(stats.fast_path > 0 && stats.exact_path > 0, "{stats:?}");
     });
 }

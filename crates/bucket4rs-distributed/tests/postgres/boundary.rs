@@ -70,15 +70,6 @@ async fn compare(
     None
 }
 
-fn report(failures: &[String], of: usize) {
-    assert!(
-        failures.is_empty(),
-        "{} of {of} cases differ from the core; the first:\n{}",
-        failures.len(),
-        failures[..failures.len().min(12)].join("\n")
-    );
-}
-
 #[test]
 fn postgres_boundary_readings_on_a_client_clock_match_the_core() {
     let table = Table::new("boundary_client");
@@ -128,7 +119,7 @@ fn postgres_boundary_readings_on_a_client_clock_match_the_core() {
             cases.len(),
             backend.stats()
         );
-        report(&failures, cases.len());
+        boundary::report(&failures, cases.len());
     });
 }
 
@@ -205,6 +196,6 @@ fn postgres_boundary_distances_on_the_database_clock_match_the_core() {
             "postgres boundary (database clock): {n} cases, {:?}",
             backend.stats()
         );
-        report(&failures, n);
+        boundary::report(&failures, n);
     });
 }
