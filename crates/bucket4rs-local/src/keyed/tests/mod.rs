@@ -144,6 +144,42 @@ mod unit {
     }
 
     #[test]
+    fn a_replaced_configuration_at_the_cap_makes_the_next_refusal_look_again() {
+        use crate::{Bandwidth, BucketConfiguration, TokensInheritanceStrategy};
+        let clock = ManualClock::monotonic(0);
+        let keyed: KeyedBucket<u64, ManualClock> = KeyedBucket::builder()
+            .add_limit(|l| l.capacity(10).refill_greedy(10, Duration::from_secs(10)))
+            .with_clock(clock.clone())
+            .max_keys(1)
+            .build()
+            .expect("valid");
+        // Key 0 under another configuration: never forgotten, so a new key finds no room,
+        // and the map notes that none will come.
+        let other = BucketConfiguration::new(vec![
+            Bandwidth::simple(5, Duration::from_secs(1)).expect("valid"),
+        ])
+        .expect("valid");
+        keyed
+            .replace_configuration(&0, other, TokensInheritanceStrategy::AsIs)
+            .expect("room");
+        assert!(keyed.try_consume(&1, 1).is_err());
+        // Back to the key's own configuration, full: it can go, and a new key then finds room.
+        keyed
+            .replace_configuration(
+                &0,
+                BucketConfiguration::new(vec![
+                    Bandwidth::simple(10, Duration::from_secs(10)).expect("valid"),
+                ])
+                .expect("valid"),
+                TokensInheritanceStrategy::Reset,
+            )
+            .expect("valid");
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(keyed.try_consume(&1, 1), Ok(true), "key 0 went");
+        assert!(keyed.snapshot(&0).is_none());
+    }
+
+    #[test]
     fn light_keys_that_come_back_keep_their_buckets() {
         // 5,000 keys in turn, a microsecond apart; each is full again 1 ms after its call,
         // long before it comes back (5 ms later): the regime of a per-client limit most
