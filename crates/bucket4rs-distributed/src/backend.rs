@@ -89,6 +89,35 @@ pub enum Command {
     Batch(usize),
 }
 
+/// How a manager names one writing transaction, so that a call whose reply was lost can be
+/// settled (see `docs/distributed.md`, "In-doubt calls are settled").
+///
+/// [`Transaction::apply`] keeps the record's ledger with it: a backend that stores what
+/// `apply` returns needs nothing else. A native path that computes the record server-side
+/// (the Redis script) must keep the ledger exactly as `apply` does.
+///
+/// ```
+/// use bucket4rs_distributed::OperationId;
+/// let id = OperationId::default();
+/// assert!(id.settles.is_empty());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OperationId {
+    /// The manager that sends it (random per [`ProxyManager`](crate::ProxyManager)).
+    pub owner: u64,
+    /// Its number in that manager (from 1, increasing).
+    pub seq: u64,
+    /// Every operation of the same owner numbered below this is answered or settled: the
+    /// record may forget them.
+    pub floor: u64,
+    /// Operations of the same owner on this key whose calls are in doubt, to settle before
+    /// this one runs.
+    pub settles: Vec<u64>,
+    /// How long the record keeps the entry, in units of 2^20 ns of the bucket's clock.
+    pub window: i64,
+}
+
 /// One atomic read-modify-write on a key, made by the manager and run by a backend.
 ///
 /// `apply` may be called more than once (a backend retrying an optimistic write calls it
@@ -126,6 +155,12 @@ pub trait Transaction: Send {
     /// that reaches it later (a command that sat in a frozen server's socket, say). The
     /// default, `None`, is for transactions built outside a manager.
     fn deadline(&self) -> Option<std::time::Instant> {
+        None
+    }
+
+    /// The operation's id for in-doubt settlement (`None`, the default: a transaction built
+    /// outside a manager, or for an in-process backend, which is never in doubt).
+    fn operation(&self) -> Option<&OperationId> {
         None
     }
 

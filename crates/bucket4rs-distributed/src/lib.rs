@@ -57,6 +57,7 @@ mod error;
 #[doc(hidden)]
 pub mod format;
 mod key;
+mod ledger;
 mod manager;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -72,7 +73,7 @@ mod sqlite;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod tls;
 
-pub use backend::{Backend, BackendClock, Command, Transaction, Write};
+pub use backend::{Backend, BackendClock, Command, OperationId, Transaction, Write};
 pub use embedded::EmbeddedBackend;
 pub use error::{BackendError, BackendErrorKind, DistributedError, FormatError, KeyError};
 pub use key::StorageKey;

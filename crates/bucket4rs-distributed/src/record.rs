@@ -12,7 +12,7 @@ use bucket4rs_core::{
     TokensInheritanceStrategy, VerboseResult,
 };
 
-use crate::backend::{Command, Transaction, Write};
+use crate::backend::{Command, OperationId, Transaction, Write};
 use crate::error::{BackendError, BackendErrorKind, DistributedError};
 use crate::format::{self, Record};
 
@@ -49,7 +49,7 @@ where
         now: i64,
         _wall: bool,
     ) -> Result<(O::Output, bool), DistributedError> {
-        let Record { config, state } = record;
+        let Record { config, state, .. } = record;
         // `apply` computes everything before its first write, so an error leaves the state
         // untouched; the record is rewritten only when the operation changed the state.
         let before = state.clone();
@@ -201,7 +201,11 @@ fn create(supplier: &Supplier, now: i64, wall: bool) -> Result<Record, Distribut
     config.check_clock(wall)?;
     format::check_storable(&config)?;
     let state = BucketState::new(&config, now);
-    Ok(Record { config, state })
+    Ok(Record {
+        config,
+        state,
+        ledger: format::Ledger::default(),
+    })
 }
 
 /// One operation on a key's record at `now`: the record is created from `supplier` when the
@@ -241,19 +245,48 @@ pub(crate) fn step<J: Job>(
 /// into a record (or none), the steps run on it, and the bytes to store when any of them
 /// changed it, with the expiry of the final state at `now`. Undecodable bytes are reported
 /// and left untouched.
+///
+/// With an operation id (`ledger`: the id and the transaction's commands), the record's
+/// ledger is kept as well (see `crate::ledger`): an operation it has seen already is refused
+/// untouched, the listed settlements are made first, and a write records the operation.
 pub(crate) fn apply_bytes(
     current: Option<&[u8]>,
     now: i64,
     margin: Duration,
+    ledger: Option<(&OperationId, &[Command])>,
     steps: impl FnOnce(&mut Option<Record>) -> bool,
 ) -> Result<Write, DistributedError> {
     let mut record = current.map(format::decode).transpose()?;
-    let changed = steps(&mut record);
+    let prepared = match (ledger, record.as_mut()) {
+        (Some((id, _)), Some(r)) => Some(crate::ledger::before(r, id, now).map_err(|_| {
+            DistributedError::Backend(BackendError::new(
+                BackendErrorKind::Conflict,
+                "this operation was applied or settled already: it is not applied again",
+            ))
+        })?),
+        _ => None,
+    };
+    // With a ledger, operations that leave the record as they found it (a force-add taken
+    // back by a consumption in the same batch) write nothing, as the Redis script does: the
+    // ledger's bookkeeping alone is no reason to write.
+    let stored = ledger
+        .and(record.as_ref())
+        .map(|r| (r.config.clone(), r.state.clone()));
+    let mut changed = steps(&mut record);
+    if let (Some((config, state)), Some(r)) = (&stored, &record) {
+        changed &= r.config != *config || r.state != *state;
+    }
+    let changed = changed || prepared.as_ref().is_some_and(|p| p.changed);
     Ok(match record {
-        Some(r) if changed => Write::Put {
-            record: format::encode(&r.config, &r.state),
-            ttl: ttl_of(&r.config, &r.state, now, margin),
-        },
+        Some(mut r) if changed => {
+            if let Some((id, commands)) = ledger {
+                crate::ledger::after(&mut r, id, prepared.as_ref(), commands, now);
+            }
+            Write::Put {
+                record: format::encode_with(&r.config, &r.state, &r.ledger),
+                ttl: ttl_of(&r.config, &r.state, now, margin),
+            }
+        }
         _ => Write::Keep,
     })
 }
@@ -300,6 +333,10 @@ pub(crate) struct OpTx<'a, J: Job> {
     pub(crate) wall: bool,
     pub(crate) margin: Duration,
     pub(crate) out: Option<Outcome<J::Output>>,
+    /// The operation's id (remote backends), see [`Transaction::operation`].
+    pub(crate) id: Option<OperationId>,
+    /// Whether the last `apply` returned a write.
+    pub(crate) wrote: bool,
 }
 
 impl<J: Job> Transaction for OpTx<'_, J> {
@@ -319,7 +356,12 @@ impl<J: Job> Transaction for OpTx<'_, J> {
         self.clock.map(|c| c.now_nanos())
     }
 
+    fn operation(&self) -> Option<&OperationId> {
+        self.id.as_ref()
+    }
+
     fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write {
+        self.wrote = false;
         let now = match reading(backend_now, self.clock) {
             Ok(n) => n,
             Err(e) => {
@@ -329,7 +371,11 @@ impl<J: Job> Transaction for OpTx<'_, J> {
         };
         let (job, supplier, wall) = (&self.job, self.supplier, self.wall);
         let mut out = None;
-        let write = apply_bytes(current, now, self.margin, |record| {
+        let ledger = self
+            .id
+            .as_ref()
+            .map(|id| (id, core::slice::from_ref(&self.command)));
+        let write = apply_bytes(current, now, self.margin, ledger, |record| {
             let (changed, outcome) = step(job, record, supplier, now, wall);
             out = Some(outcome);
             changed
@@ -337,6 +383,7 @@ impl<J: Job> Transaction for OpTx<'_, J> {
         match write {
             Ok(w) => {
                 self.out = out;
+                self.wrote = matches!(w, Write::Put { .. });
                 w
             }
             Err(e) => {

@@ -609,9 +609,21 @@ impl Backend for RedisBackend {
         let margin_ns = (margin.subsec_nanos() % 1_000_000).to_string();
         let deadline = tx.deadline();
         let until = deadline.unwrap_or_else(|| self.default_until());
-        // ARGV[1..3]: the command (code 11 and, from ARGV[9], one triple per operation for
-        // a batch); ARGV[4..8]: clock, TTL margin, deadline on the server's clock.
-        let mut args: Vec<String> = Vec::with_capacity(8);
+        // ARGV[1..3]: the command (code 11 and, from ARGV[13], one triple per operation for
+        // a batch); ARGV[4..8]: clock, TTL margin, deadline on the server's clock; ARGV[9..12]:
+        // the operation id for the record's ledger (owner as 8 bytes, seq, floor, window).
+        // Settlements are made by the client (code 0): they are rare, and the ledger
+        // arithmetic they need stays in one place.
+        let id = tx.operation();
+        let settling = id.is_some_and(|id| !id.settles.is_empty());
+        let command = |c: Command| {
+            if settling {
+                ["0".to_owned(), String::new(), String::new()]
+            } else {
+                command_strings(c)
+            }
+        };
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(12);
         let tail = [
             hi,
             lo,
@@ -619,20 +631,31 @@ impl Backend for RedisBackend {
             margin_ns,
             self.pool.server_deadline(deadline),
         ];
+        let ledger: [Vec<u8>; 4] = match id {
+            Some(id) => [
+                id.owner.to_be_bytes().to_vec(),
+                id.seq.to_string().into_bytes(),
+                id.floor.to_string().into_bytes(),
+                id.window.to_string().into_bytes(),
+            ],
+            None => Default::default(),
+        };
         match tx.batch() {
             Some(commands) => {
-                args.extend(["11".to_owned(), String::new(), String::new()]);
-                args.extend(tail);
-                for &command in commands {
-                    args.extend(command_strings(command));
+                args.extend([b"11".to_vec(), Vec::new(), Vec::new()]);
+                args.extend(tail.map(String::into_bytes));
+                args.extend(ledger);
+                for &c in commands {
+                    args.extend(command(c).map(String::into_bytes));
                 }
             }
             None => {
-                args.extend(command_strings(tx.command()));
-                args.extend(tail);
+                args.extend(command(tx.command()).map(String::into_bytes));
+                args.extend(tail.map(String::into_bytes));
+                args.extend(ledger);
             }
         }
-        let arg_refs: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        let arg_refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         let (reply, arrived) = self.eval(&self.op, key, &arg_refs, until).await?;
         let Value::Array(items) = reply else {
             return Err(garbled("not an array"));
@@ -690,6 +713,10 @@ impl Backend for RedisBackend {
                 Err(BackendError::new(BackendErrorKind::WrongType, found))
             }
             4 => Err(too_late()),
+            5 => Err(BackendError::new(
+                BackendErrorKind::Conflict,
+                "this operation was applied or settled already: it is not applied again",
+            )),
             _ => Err(garbled("unknown status")),
         }
     }

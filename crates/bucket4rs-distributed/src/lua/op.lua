@@ -8,9 +8,18 @@
 --          below a millisecond
 -- ARGV[8]  the caller's deadline in microseconds of this server's clock ('' : none): past
 --          it the script writes nothing and answers status 4
--- A batch (ARGV[1] = 11): ARGV[9..] holds (command code, tokens, max wait) triples, applied
+-- ARGV[9]  the operation's owner (8 bytes; '' : no operation id, the ledger is kept as it is)
+-- ARGV[10] its sequence number, ARGV[11] the owner's floor, ARGV[12] the entry's lifetime
+--          (units of 2^20 ns)
+-- A batch (ARGV[1] = 11): ARGV[13..] holds (command code, tokens, max wait) triples, applied
 -- in order on the record at one instant; written once at the end, or not at all when any
 -- of them cannot be computed exactly here (status 2: the client computes the whole batch).
+--
+-- The ledger (format version 2, ledger.rs): a write forgets expired entries, refuses an
+-- operation already recorded (status 5, nothing written), clamps every give-back to the room
+-- below capacity after the refill (and after add_tokens / reset), forgets the owner's entries
+-- below its floor (tombstones stay), and records what this operation took. Settlements are
+-- computed by the client (code 0).
 --
 -- Returns {status, now_hi, now_lo, time_s, time_us [, pre-image [, post-image]]}, time_* being
 -- this server's TIME when the script ran:
@@ -19,7 +28,7 @@
 --     validate, or code 0): nothing written, the client decodes with the Rust core (which
 --     rejects a bad record with a typed error) and compare-and-sets,
 --   3 wrong type (pre-image slot holds the type name), 4 past the deadline (nothing read or
---     written).
+--     written), 5 the operation is in the ledger already (applied or settled: not run again).
 --
 -- Validation: the fast path runs only on a record the client's decoder accepts: magic,
 -- version, header flags, bandwidth count, block flags and padding, refill kind, every field's
@@ -83,14 +92,14 @@ if not rec then return {0, nh, nl, ts, tus} end
 local function client() return {2, nh, nl, ts, tus, rec} end
 local cmds = {}
 if ARGV[1] == '11' then
-  for j = 9, #ARGV - 2, 3 do cmds[#cmds + 1] = {tonumber(ARGV[j]), ARGV[j + 1], ARGV[j + 2]} end
+  for j = 13, #ARGV - 2, 3 do cmds[#cmds + 1] = {tonumber(ARGV[j]), ARGV[j + 1], ARGV[j + 2]} end
 else
   cmds[1] = {tonumber(ARGV[1]), ARGV[2], ARGV[3]}
 end
 for j = 1, #cmds do
   if cmds[j][1] == 0 then return client() end
 end
-if #rec < 12 or string.sub(rec, 1, 6) ~= 'b4rs\1\0' then return client() end
+if #rec < 12 or string.sub(rec, 1, 6) ~= 'b4rs\2\0' then return client() end
 local n = struct.unpack('>I2', rec, 7)
 if n < 1 or n > 16 or #rec < 12 + 56 * n then return client() end
 
@@ -117,8 +126,12 @@ end
 
 -- Everything the client's decoder checks (format.rs `decode`), before anything is computed:
 -- a record it would reject goes to the client untouched. Per bandwidth: whether it has
--- explicit initial tokens and their value (nil when 2^53 or more).
+-- explicit initial tokens and their value (nil when 2^53 or more). The ledger: BASE (the base
+-- level per bandwidth), E (entries {owner, seq, exp, tk = taken pairs, lv = level pairs or
+-- nil}), T (tombstones {owner, seq, exp}); TAIL_END is where it starts.
 local V = {}
+local BASE, E, T = {}, {}, {}
+local TAIL_END
 do
   local pos = 13 + 56 * n
   local sum = fnv(2166136261, string.sub(rec, 1, 8))
@@ -159,8 +172,53 @@ do
     end
     V[i] = v
   end
-  if pos ~= #rec + 1 then return client() end
-  sum = fnv(sum, string.sub(rec, 13 + 56 * n))
+  TAIL_END = pos
+  -- (tokens, remainder) pairs of refill units; {-1, 0} (a level only) is infinite: nil
+  local function units(at, i, infinite)
+    local t, r = small(at), small(at + 8)
+    if t == nil or r == nil then return false end
+    if infinite and t == -1 and r == 0 then return nil end
+    local per = small(13 + 56 * (i - 1) + 24)
+    if t < 0 or r < 0 or r >= per then return false end
+    return {t, r}
+  end
+  if pos + 1 > #rec then return client() end
+  local m = struct.unpack('>I2', rec, pos)
+  pos = pos + 2
+  if m > 0 then
+    if pos + 16 * n - 1 > #rec then return client() end
+    for i = 1, n do
+      local v = units(pos, i, false)
+      if not v then return client() end
+      BASE[i] = v
+      pos = pos + 16
+    end
+  end
+  if pos + m * (24 + 32 * n) - 1 > #rec then return client() end
+  for k = 1, m do
+    local seq, exp = small(pos + 8), small(pos + 16)
+    if seq == nil or exp == nil then return client() end
+    local x = {owner = string.sub(rec, pos, pos + 7), seq = seq, exp = exp, tk = {}, lv = {}}
+    pos = pos + 24
+    for i = 1, n do
+      local tk, lv = units(pos, i, false), units(pos + 16, i, true)
+      if not tk or lv == false then return client() end
+      x.tk[i], x.lv[i] = tk, lv
+      pos = pos + 32
+    end
+    E[k] = x
+  end
+  if pos + 1 > #rec then return client() end
+  local kt = struct.unpack('>I2', rec, pos)
+  pos = pos + 2
+  if pos + 24 * kt ~= #rec + 1 then return client() end
+  for k = 1, kt do
+    local seq, exp = small(pos + 8), small(pos + 16)
+    if seq == nil or exp == nil then return client() end
+    T[k] = {owner = string.sub(rec, pos, pos + 7), seq = seq, exp = exp}
+    pos = pos + 24
+  end
+  sum = fnv(sum, string.sub(rec, 13 + 56 * n, TAIL_END - 1))
   if sum ~= struct.unpack('>I4', rec, 9) then return client() end
 end
 
@@ -182,6 +240,8 @@ for i = 1, n do
   local c, t, p = small(base + 8), small(base + 16), small(base + 24)
   local lh, ll = struct.unpack('>i4I4', rec, base + 32)
   local s, e = small(base + 40), small(base + 48)
+  local s0 = s
+  local xt, xr = nil, nil
   if kind > 2 or not (c and t and p and s and e) or e < 0 or e >= p or p < 1 or t < 1
       or c < 1 or (kind ~= 0 and e ~= 0) then
     return client()
@@ -209,11 +269,14 @@ for i = 1, n do
         if v >= LIM then return client() end
         local r = math.fmod(v, p)
         local add = (v - r) / p
+        -- the refill before the cap, for the ledger's levels (x_plus in ledger.rs)
+        xt, xr = s + add, r
+        if xt >= LIM then xt = false end
         if s + add >= c then s = c; e = 0 else s = s + add; e = r end
       end
     end
   end
-  B[i] = {kind = kind, c = c, t = t, p = p, lh = lh, ll = ll, s = s, e = e}
+  B[i] = {kind = kind, c = c, t = t, p = p, lh = lh, ll = ll, s = s, e = e, s0 = s0, rs = s, re = e, xt = xt, xr = xr}
 end
 
 -- wait until `deficit` more tokens (SEMANTICS 5.1); nil when not exact here. `deficit` may
@@ -271,6 +334,7 @@ local function request_wait(tokens)
 end
 
 local wrote = false
+local gives, added = false, 0
 for j = 1, #cmds do
   local cmd, arg, maxw = cmds[j][1], tonumber(cmds[j][2]), tonumber(cmds[j][3])
   local a = B[1].s
@@ -285,9 +349,9 @@ for j = 1, #cmds do
       if arg >= 0 and arg < a then amount = arg end
       mutate = 'consume'
     end
-  elseif cmd == 5 then mutate = 'add'; amount = arg
-  elseif cmd == 6 then mutate = 'force'; amount = arg
-  elseif cmd == 7 then mutate = 'reset'
+  elseif cmd == 5 then mutate = 'add'; amount = arg; gives = true; added = added + arg
+  elseif cmd == 6 then mutate = 'force'; amount = arg; gives = true
+  elseif cmd == 7 then mutate = 'reset'; gives = true
   elseif cmd == 9 or cmd == 10 then
     local W = request_wait(arg)
     if W == nil then return client() end
@@ -316,6 +380,138 @@ for j = 1, #cmds do
 end
 
 if not wrote then return {1, nh, nl, ts, tus, rec} end
+-- A mutation that left every field as it was (add_tokens on a full bucket) writes nothing, as
+-- the client does: the record, its ledger and its TTL stay.
+do
+  local same = true
+  for i = 1, n do
+    local b = B[i]
+    local base = 13 + 56 * (i - 1)
+    local lh, ll = struct.unpack('>i4I4', rec, base + 32)
+    if lh ~= b.lh or ll ~= b.ll or small(base + 40) ~= b.s or small(base + 48) ~= b.e then
+      same = false
+    end
+  end
+  if same then return {1, nh, nl, ts, tus, rec} end
+end
+
+-- the ledger (see the header and ledger.rs), serialized into LEDGER
+local LEDGER
+if ARGV[9] == nil or ARGV[9] == '' then
+  LEDGER = string.sub(rec, TAIL_END)
+else
+  local owner, seq, floor = ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11])
+  local nowq = nh * 4096 + math.floor(nl / 1048576)
+  local function get(p, i) if p == 0 then return BASE[i] end return E[p].lv[i] end
+  local function set(p, i, v) if p == 0 then BASE[i] = v else E[p].lv[i] = v end end
+  local function less(a, b) -- a < b, nil being infinite
+    if a == nil then return false end
+    if b == nil then return true end
+    return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
+  end
+  -- forget entry q: its level merges into the one below
+  local function forget(q)
+    for i = 1, n do
+      local above = E[q].lv[i]
+      if less(above, get(q - 1, i)) then set(q - 1, i, above) end
+    end
+    table.remove(E, q)
+    if #E == 0 then BASE = {} end
+  end
+  local function forget_where(f)
+    local q = 1
+    while q <= #E do
+      if f(E[q]) then forget(q) else q = q + 1 end
+    end
+  end
+  -- the levels of bandwidth i after its state went towards x_plus = (xt, xr) (before the
+  -- cap) from below capacity
+  local function capped(i, xt, xr)
+    local K = #E
+    if K == 0 then return end
+    local b = B[i]
+    if xt >= b.c then
+      local ot = xt - b.c
+      for p = 0, K - 1 do
+        local v = get(p, i)
+        if v ~= nil then
+          local t, r = v[1] + ot, v[2] + xr
+          if r >= b.p then t, r = t + 1, r - b.p end
+          if t >= LIM then return false end
+          set(p, i, {t, r})
+        end
+      end
+      set(K, i, {0, 0})
+    else
+      local rt, rr = b.c - xt, 0
+      if xr > 0 then rt, rr = rt - 1, b.p - xr end
+      local room = {rt, rr}
+      if less(room, get(K, i)) then set(K, i, room) end
+    end
+    return true
+  end
+  forget_where(function(x) return x.exp <= nowq end)
+  local T2 = {}
+  for k = 1, #T do if T[k].exp > nowq then T2[#T2 + 1] = T[k] end end
+  T = T2
+  for k = 1, #E do
+    if E[k].owner == owner and E[k].seq == seq then return {5, nh, nl, ts, tus} end
+  end
+  for k = 1, #T do
+    if T[k].owner == owner and T[k].seq == seq then return {5, nh, nl, ts, tus} end
+  end
+  for i = 1, n do
+    local b = B[i]
+    if b.xt == false and #E > 0 then return client() end
+    if b.xt and capped(i, b.xt, b.xr) == false then return client() end
+  end
+  if gives then
+    for i = 1, n do
+      local b = B[i]
+      if #cmds == 1 and cmds[1][1] == 5 and b.rs < b.c then
+        if b.rs + added >= LIM then return client() end
+        if capped(i, b.rs + added, b.re) == false then return client() end
+      elseif not (#cmds == 1 and cmds[1][1] == 6) then
+        if #E > 0 then for p = 0, #E do set(p, i, {0, 0}) end end
+      end
+    end
+  end
+  forget_where(function(x) return x.owner == owner and x.seq < floor end)
+  if not gives then
+    local tk, any = {}, false
+    for i = 1, n do
+      local b = B[i]
+      local dt, de = b.rs - b.s, b.re - b.e
+      if de < 0 then dt, de = dt - 1, de + b.p end
+      if dt < 0 then dt, de = 0, 0 end
+      if dt >= LIM then return client() end
+      if dt ~= 0 or de ~= 0 then any = true end
+      tk[i] = {dt, de}
+    end
+    if any then
+      if #E == 0 then for i = 1, n do BASE[i] = {0, 0} end end
+      E[#E + 1] = {owner = owner, seq = seq, exp = nowq + tonumber(ARGV[12]), tk = tk, lv = {}}
+    end
+  end
+  while #E > 32 do forget(1) end
+  local function i64(v)
+    local h = math.floor(v / P32)
+    return struct.pack('>i4I4', h, v - h * P32)
+  end
+  local function pair(v) if v == nil then return i64(-1) .. i64(0) end return i64(v[1]) .. i64(v[2]) end
+  local out = {struct.pack('>I2', #E)}
+  if #E > 0 then for i = 1, n do out[#out + 1] = pair(BASE[i]) end end
+  for k = 1, #E do
+    local x = E[k]
+    out[#out + 1] = x.owner .. i64(x.seq) .. i64(x.exp)
+    for i = 1, n do out[#out + 1] = pair(x.tk[i]) .. pair(x.lv[i]) end
+  end
+  local first = 1
+  if #T > 32 then first = #T - 31 end
+  out[#out + 1] = struct.pack('>I2', #T - first + 1)
+  for k = first, #T do out[#out + 1] = T[k].owner .. i64(T[k].seq) .. i64(T[k].exp) end
+  LEDGER = table.concat(out)
+end
 
 -- TTL (the core's forgettable_at): per bandwidth, the earliest moment from which a fresh
 -- bandwidth would hold exactly what this one holds. A greedy bandwidth starting full: once full
@@ -365,7 +561,8 @@ for i = 1, n do
   parts[#parts + 1] = struct.pack('>i4I4i4I4i4I4', b.lh, b.ll, sh, b.s - sh * P32, eh, b.e - eh * P32)
   pos = base + 56
 end
-parts[#parts + 1] = string.sub(rec, pos)
+parts[#parts + 1] = string.sub(rec, pos, TAIL_END - 1)
+parts[#parts + 1] = LEDGER
 local post = table.concat(parts)
 
 local ttl = nil

@@ -18,7 +18,7 @@ use dashmap::mapref::entry::Entry;
 use tokio::sync::oneshot;
 
 use super::{ProxyManager, RemoteBucket, with_timeout};
-use crate::backend::{Backend, Command, Transaction, Write};
+use crate::backend::{Backend, Command, OperationId, Transaction, Write};
 use crate::error::{BackendError, BackendErrorKind, DistributedError};
 use crate::format::Record;
 use crate::key::StorageKey;
@@ -142,6 +142,10 @@ struct BatchTx<'a> {
     /// The earliest deadline of its callers: a server must not run the batch after any of
     /// them gave up, or that caller would be charged for a call it saw time out.
     deadline: Option<Instant>,
+    /// The batch's id (remote backends), see [`Transaction::operation`].
+    id: Option<OperationId>,
+    /// Whether the last `apply` returned a write.
+    wrote: bool,
 }
 
 impl Transaction for BatchTx<'_> {
@@ -172,10 +176,16 @@ impl Transaction for BatchTx<'_> {
         self.deadline
     }
 
+    fn operation(&self) -> Option<&OperationId> {
+        self.id.as_ref()
+    }
+
     fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write {
+        self.wrote = false;
+        let ledger = self.id.as_ref().map(|id| (id, self.commands.as_slice()));
         let written = record::reading(backend_now, self.clock).and_then(|now| {
             let (items, wall) = (&mut *self.items, self.wall);
-            record::apply_bytes(current, now, self.margin, |record| {
+            record::apply_bytes(current, now, self.margin, ledger, |record| {
                 // Every operation in arrival order, at one instant, each as if alone.
                 let mut changed = false;
                 for item in items.iter_mut() {
@@ -184,12 +194,14 @@ impl Transaction for BatchTx<'_> {
                 changed
             })
         });
-        written.unwrap_or_else(|e| {
+        let write = written.unwrap_or_else(|e| {
             for item in self.items.iter_mut() {
                 item.fail(duplicate(&e));
             }
             Write::Keep
-        })
+        });
+        self.wrote = matches!(write, Write::Put { .. });
+        write
     }
 }
 
@@ -290,8 +302,13 @@ impl<B: Backend> ProxyManager<B> {
             wall: inner.wall,
             margin: inner.ttl_margin,
             deadline,
+            id: self.begin_operation(key),
+            wrote: false,
         };
-        if let Err(e) = self.transact(key, &mut tx).await {
+        let result = self.transact(key, &mut tx).await;
+        let (id, wrote) = (tx.id.take(), tx.wrote);
+        self.end_operation(key, id, &result, wrote);
+        if let Err(e) = result {
             // Every caller gets the error; the last one the original (with its source).
             let n = items.len();
             for item in items.iter_mut().take(n.saturating_sub(1)) {
@@ -413,15 +430,26 @@ where
     };
     // Dropping `rx` (timeout or cancellation) before the batch is formed withdraws the
     // operation: the batch task skips closed channels.
-    let waited = with_timeout(inner.timeout, async {
-        rx.await
-            .unwrap_or_else(|_| Err(abandoned(sent.load(Ordering::Acquire))))
-    })
-    .await;
+    let mut rx = rx;
+    let answer = |r: Result<Outcome<J::Output>, oneshot::error::RecvError>| {
+        r.unwrap_or_else(|_| Err(abandoned(sent.load(Ordering::Acquire))))
+    };
+    let waited = with_timeout(inner.timeout, async { Ok(answer((&mut rx).await)) }).await;
     match waited {
+        Ok(outcome) => outcome,
         Err(DistributedError::Timeout { after }) if sent.load(Ordering::Acquire) => {
-            Err(timed_out_in_flight(after))
+            // The batch runs within its earliest caller's deadline, so its outcome (this
+            // call's, applied or in doubt for the whole batch) is due now: wait for it rather
+            // than report a call in doubt that the batch then answers for.
+            match tokio::time::timeout(OUTCOME_GRACE, rx).await {
+                Ok(r) => answer(r),
+                Err(_) => Err(timed_out_in_flight(after)),
+            }
         }
-        other => other,
+        Err(e) => Err(e),
     }
 }
+
+/// How long a caller whose batch was sent waits past its own timeout for the batch's
+/// outcome, which the batch's deadline makes due at that moment (scheduling slack).
+const OUTCOME_GRACE: Duration = Duration::from_millis(200);

@@ -337,8 +337,13 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
             wall: inner.wall,
             margin: inner.ttl_margin,
             out: None,
+            id: self.manager.begin_operation(&self.key),
+            wrote: false,
         };
-        self.manager.transact(&self.key, &mut tx).await?;
+        let result = self.manager.transact(&self.key, &mut tx).await;
+        let (id, wrote) = (tx.id.take(), tx.wrote);
+        self.manager.end_operation(&self.key, id, &result, wrote);
+        result?;
         tx.out.unwrap_or_else(|| Err(not_run()))
     }
 

@@ -7,6 +7,7 @@
 mod batch;
 mod breaker;
 mod bucket;
+mod settle;
 
 use core::fmt;
 use core::time::Duration;
@@ -16,7 +17,7 @@ use bucket4rs_core::{Clock, SystemNanosClock};
 use dashmap::DashMap;
 use rand::Rng;
 
-use crate::backend::{Backend, BackendClock, Transaction};
+use crate::backend::{Backend, BackendClock, OperationId, Transaction};
 use crate::error::{BackendError, BackendErrorKind, DistributedError, FormatError};
 use crate::format;
 use crate::key::{KeyPolicy, StorageKey};
@@ -151,6 +152,8 @@ struct Inner<B> {
     breaker: Option<Breaker>,
     /// Keys with an operation in flight through the batching path, and what queued behind it.
     lanes: DashMap<StorageKey, Lane>,
+    /// Operation ids and the calls in doubt (remote backends only).
+    settler: settle::Settler,
 }
 
 /// Configures a [`ProxyManager`]: key prefix and length limit, time source, timeout,
@@ -393,6 +396,7 @@ impl<B: Backend> ManagerBuilder<B> {
                 batching: Batching::up_to(self.max_batch),
                 breaker,
                 lanes: DashMap::new(),
+                settler: settle::Settler::new(),
             }),
         })
     }
@@ -571,6 +575,43 @@ impl<B: Backend> ProxyManager<B> {
         }
     }
 
+    /// A new operation id for a transaction on `key` (`None` for an in-process backend,
+    /// whose calls are never in doubt).
+    fn begin_operation(&self, key: &StorageKey) -> Option<OperationId> {
+        (!self.inner.backend.is_in_process()).then(|| self.inner.settler.begin(key))
+    }
+
+    /// Records how the transaction `id` ended (`wrote`: its last `apply` asked for a write);
+    /// one in doubt is settled later.
+    fn end_operation(
+        &self,
+        key: &StorageKey,
+        id: Option<OperationId>,
+        result: &Result<(), DistributedError>,
+        wrote: bool,
+    ) {
+        if let Some(id) = id
+            && self
+                .inner
+                .settler
+                .end(key, &id, settle::End::of(result, wrote))
+        {
+            self.spawn_settler();
+        }
+    }
+
+    /// Calls in doubt that this manager has not settled yet (they are settled by the key's
+    /// next operation or by a background task, within a minute).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// assert_eq!(manager.unsettled(), 0);
+    /// ```
+    pub fn unsettled(&self) -> usize {
+        self.inner.settler.in_doubt()
+    }
+
     async fn transact(
         &self,
         key: &StorageKey,
@@ -594,7 +635,11 @@ impl<B: Backend> ProxyManager<B> {
         };
         // Boxed (one allocation next to a network round trip): the timer and the retry
         // sleep would otherwise be part of every call's future, in-process ones too.
-        let outcome = Box::pin(writing_within(inner.timeout, async {
+        // Bounded by the deadline, not by a timeout from now: a batch whose earliest caller
+        // gives up is in doubt for all of them together, never applied for some callers who
+        // saw an error and answered to the others.
+        let until = tx.deadline;
+        let outcome = Box::pin(writing_within(inner.timeout, Some(until), async {
             let mut attempt = 0;
             loop {
                 match inner.backend.transact(key, &mut tx).await {
@@ -636,7 +681,7 @@ impl<B: Backend> ProxyManager<B> {
         }
         let calling = async { retrying(&inner.retry, f).await };
         let outcome = if writes {
-            writing_within(inner.timeout, calling).await
+            writing_within(inner.timeout, None, calling).await
         } else {
             with_timeout(inner.timeout, calling).await
         };
@@ -669,6 +714,9 @@ impl Transaction for Deadlined<'_> {
     }
     fn deadline(&self) -> Option<std::time::Instant> {
         Some(self.deadline)
+    }
+    fn operation(&self) -> Option<&OperationId> {
+        self.tx.operation()
     }
     fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> crate::backend::Write {
         self.tx.apply(current, backend_now)
@@ -716,9 +764,11 @@ where
 /// backend that does not.
 pub(super) async fn writing_within<T>(
     timeout: Duration,
+    until: Option<std::time::Instant>,
     fut: impl core::future::Future<Output = Result<T, DistributedError>>,
 ) -> Result<T, DistributedError> {
-    match tokio::time::timeout(timeout, fut).await {
+    let until = until.unwrap_or_else(|| std::time::Instant::now() + timeout);
+    match tokio::time::timeout_at(until.into(), fut).await {
         Ok(r) => r,
         Err(_) => Err(DistributedError::Backend(BackendError::new(
             BackendErrorKind::InDoubt,

@@ -134,9 +134,11 @@ fn every_caller_of_a_batch_gets_the_core_result_of_sequential_application() {
             let (got, expected) =
                 concurrent_and_core(&ops, &bucket, &config, &mut state, now).await;
             assert_eq!(got, expected, "case {case}: {ops:?} on {config:?}");
+            let stored = backend.inner.read(bucket.key()).await.unwrap().unwrap();
+            let stored = format::decode(&stored).unwrap();
             assert_eq!(
-                backend.inner.read(bucket.key()).await.unwrap(),
-                Some(format::encode(&config, &state)),
+                (stored.config, stored.state),
+                (config.clone(), state.clone()),
                 "case {case}"
             );
             // Batching happened: the lone first operation, then one batch of the rest.

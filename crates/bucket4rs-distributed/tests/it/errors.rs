@@ -125,48 +125,116 @@ fn every_failure_says_whether_it_was_applied() {
         backend.set(Fail::No);
         assert_eq!(tokens().await, 99, "neither was applied");
 
-        // Sent, applied, the reply lost: in doubt, and indeed applied.
+        // Sent, applied, the reply lost: in doubt, and indeed applied; the next call on the
+        // key settles it (gives its token back).
         backend.set(Fail::LostReply);
         let e = b.try_consume(1).await.unwrap_err();
         assert!(
             matches!(&e, DistributedError::Backend(b) if b.kind() == BackendErrorKind::InDoubt)
         );
         assert_eq!(says(&e), (true, false), "{e}");
+        assert_eq!(manager.unsettled(), 1);
         backend.set(Fail::No);
-        assert_eq!(tokens().await, 98);
+        assert!(b.try_consume(1).await.unwrap(), "settles, then consumes");
+        assert_eq!(manager.unsettled(), 0);
+        assert_eq!(
+            tokens().await,
+            98,
+            "one token each for the two successful calls"
+        );
 
         // Sent, then no reply: the manager's timeout with the call in flight is in doubt;
         // of the calls queued behind it, those whose batch was formed are in doubt, and one
         // still queued when its time ran out (max_batch 2) was not sent.
         backend.set(Fail::Hang);
-        let calls: Vec<_> = (0..4)
-            .map(|_| {
-                let b = b.clone();
-                tokio::spawn(async move { b.try_consume(1).await })
-            })
-            .collect();
+        let call = || {
+            let b = b.clone();
+            tokio::spawn(async move { b.try_consume(1).await })
+        };
+        let mut calls = vec![call()];
+        // Queued well after the lone call, so its batch is formed (sent) before their time
+        // runs out; a batch then runs until its earliest caller's deadline, and the third
+        // call, left queued behind it, is cut into the next batch at its own deadline's
+        // instant: sent or not, as that race goes.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        calls.extend((0..3).map(|_| call()));
         let mut outcomes = Vec::new();
         for c in calls {
             let e = c.await.unwrap().unwrap_err();
             outcomes.push(says(&e));
         }
         assert_eq!(
-            outcomes,
-            [(true, false), (true, false), (true, false), (false, true)],
-            "the lone call, its batch of two, the call left queued"
+            outcomes[..3],
+            [(true, false), (true, false), (true, false)],
+            "the lone call, its batch of two"
+        );
+        assert!(
+            [(true, false), (false, true)].contains(&outcomes[3]),
+            "the call left queued: {:?}",
+            outcomes[3]
         );
 
-        // The breaker counted two failures (the lone call's and its batch's transaction;
-        // the call left queued was withdrawn, never sent). One more opens it: then calls are
-        // refused at once, not applied.
+        // The breaker counts the failed transactions (the calls', and the settlement's own
+        // attempts to give back what the calls in doubt took): after at most one more call
+        // in doubt it is open, and calls are refused at once, not applied.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(says(&b.try_consume(1).await.unwrap_err()), (true, false));
-        let e = b.try_consume(1).await.unwrap_err();
+        let mut e = b.try_consume(1).await.unwrap_err();
+        if says(&e) == (true, false) {
+            e = b.try_consume(1).await.unwrap_err();
+        }
         assert!(
             matches!(&e, DistributedError::Backend(b) if b.kind() == BackendErrorKind::Unavailable),
             "{e:?}"
         );
         assert_eq!(says(&e), (false, true), "{e}");
+    });
+}
+
+/// A call in doubt on a key that sees no more traffic is settled by the manager's background
+/// task: what it took comes back without another call on the key.
+#[test]
+fn a_call_in_doubt_is_settled_in_the_background() {
+    let rt = runtime();
+    let backend = Arc::new(Failing::default());
+    let manager = ProxyManager::configure(Arc::clone(&backend))
+        .time_source(TimeSource::client(ManualClock::new(0)))
+        .timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    let b = manager
+        .builder()
+        .build("idle", || simple(100, Duration::from_secs(1_000_000)))
+        .unwrap();
+    rt.block_on(async {
+        assert!(b.try_consume(5).await.unwrap());
+        backend.set(Fail::LostReply);
+        assert!(b.try_consume(7).await.unwrap_err().is_in_doubt());
+        let stored = || async {
+            let bytes = backend.read(b.key()).await.unwrap().unwrap();
+            bucket4rs_distributed::format::decode(&bytes).unwrap()
+        };
+        assert_eq!(stored().await.state.bandwidths()[0].tokens(), 88, "applied");
+        assert_eq!(manager.unsettled(), 1);
+        // The store answers again; nobody calls the key.
+        backend.set(Fail::No);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while manager.unsettled() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not settled within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let record = stored().await;
+        assert_eq!(
+            record.state.bandwidths()[0].tokens(),
+            95,
+            "the 7 tokens came back"
+        );
+        // Only the settled call's tombstone: the first call's entry went with the second
+        // call's write (the manager had its answer), the second's with its settlement.
+        assert_eq!(record.ledger.len(), 1);
+        assert_eq!(b.available_tokens().await.unwrap(), 95);
     });
 }
 

@@ -164,9 +164,10 @@ fn lua_fast_path_is_byte_identical_to_the_core_on_random_states() {
                 let got = remote_result(op, &bucket).await;
                 assert_eq!(got, expected, "case {case}: {op:?} on {config:?}");
                 let stored: Vec<u8> = raw.get(key).await.unwrap();
+                let record = format::decode(&stored).unwrap();
                 assert_eq!(
-                    stored,
-                    format::encode(&config, &state),
+                    (record.config, record.state),
+                    (config.clone(), state.clone()),
                     "case {case}: {op:?}"
                 );
                 // Whichever path wrote (the script, or the client's compare-and-set), the
@@ -234,9 +235,10 @@ fn lua_batches_are_byte_identical_to_the_core_applied_in_order() {
                 concurrent_and_core(&ops, &bucket, &config, &mut state, now).await;
             assert_eq!(got, expected, "case {case}: {ops:?} on {config:?}");
             let stored: Vec<u8> = raw.get(key).await.unwrap();
+            let record = format::decode(&stored).unwrap();
             assert_eq!(
-                stored,
-                format::encode(&config, &state),
+                (record.config, record.state),
+                (config.clone(), state.clone()),
                 "case {case}: {ops:?}"
             );
             // Every operation ran at `now`: whichever transaction wrote last, the expiry is
