@@ -1,4 +1,4 @@
-//! Helpers shared by the backends' tests (the `it` and `postgres` binaries): random
+//! Helpers shared by the backends' tests (the `it`, `postgres` and `sqlite` binaries): random
 //! operations checked against the core, hot-key hammers, child processes, restarts.
 
 use std::time::Duration;
@@ -787,5 +787,173 @@ pub(crate) mod boundary {
             }
         }
         out
+    }
+}
+
+/// Issue 33's "Done when" under faults: clients that count the tokens of the calls that
+/// succeeded, and the check that, once the in-doubt calls are settled, the tokens gone from the
+/// bucket are exactly those (none charged for an error, none applied twice). The fault itself
+/// (a flapping Redis, a PostgreSQL stopped immediately) is the caller's.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) mod charged {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    use bucket4rs_distributed::{Backend, DistributedError, RemoteBucket};
+
+    /// What calls came to.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub(crate) struct Tally {
+        /// Calls that returned `Ok(true)`.
+        pub(crate) ok: u64,
+        /// The tokens of those calls: all the bucket may lose.
+        pub(crate) tokens: u64,
+        /// Calls that returned an error.
+        pub(crate) errors: u64,
+        /// Of those, the ones in doubt ([`DistributedError::is_in_doubt`]).
+        pub(crate) in_doubt: u64,
+    }
+
+    impl Tally {
+        pub(crate) fn add(&mut self, other: Tally) {
+            self.ok += other.ok;
+            self.tokens += other.tokens;
+            self.errors += other.errors;
+            self.in_doubt += other.in_doubt;
+        }
+
+        fn count(&mut self, tokens: u64, r: &Result<bool, DistributedError>) {
+            match r {
+                Ok(granted) => {
+                    // The buckets of these tests are far larger than the calls can take.
+                    assert!(
+                        granted,
+                        "a bucket that cannot run out refused {tokens} tokens"
+                    );
+                    self.ok += 1;
+                    self.tokens += tokens;
+                }
+                Err(e) => {
+                    // An outage, never a wrong answer (an unreadable record, a bad argument).
+                    assert!(e.is_unavailable(), "not an outage's error: {e:?}");
+                    self.errors += 1;
+                    self.in_doubt += u64::from(e.is_in_doubt());
+                }
+            }
+        }
+    }
+
+    /// One client: `try_consume(k)` on `bucket` in a loop, `k` going round 1..=5 from `first`,
+    /// until `stop` is set. A call that fails is followed by a short pause, so that a backend
+    /// refusing connections is not spun on.
+    pub(crate) async fn client<B: Backend>(
+        bucket: RemoteBucket<B>,
+        first: u64,
+        stop: Arc<AtomicBool>,
+    ) -> Tally {
+        let mut tally = Tally::default();
+        let mut k = first;
+        while !stop.load(Ordering::Relaxed) {
+            let tokens = k % 5 + 1;
+            k += 1;
+            let r = bucket.try_consume(tokens).await;
+            tally.count(tokens, &r);
+            if r.is_err() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        tally
+    }
+
+    /// Runs one [`client`] per bucket (each of its own manager, as processes of their own
+    /// would be) until `stop` is set; their tally.
+    pub(crate) async fn clients<B: Backend>(
+        buckets: &[RemoteBucket<B>],
+        stop: &Arc<AtomicBool>,
+    ) -> Tally {
+        let tasks: Vec<_> = buckets
+            .iter()
+            .zip(0..)
+            .map(|(b, first)| tokio::spawn(client(b.clone(), first, Arc::clone(stop))))
+            .collect();
+        let mut tally = Tally::default();
+        for t in tasks {
+            tally.add(t.await.expect("a client task"));
+        }
+        tally
+    }
+
+    /// Every bucket (every manager) makes one call of 1 token that succeeds, retried until it
+    /// does (by `by`, else the backend did not come back); the calls are counted in `tally`.
+    pub(crate) async fn round<B: Backend>(
+        buckets: &[RemoteBucket<B>],
+        tally: &mut Tally,
+        by: Instant,
+    ) {
+        for b in buckets {
+            loop {
+                let r = b.try_consume(1).await;
+                tally.count(1, &r);
+                match r {
+                    Ok(_) => break,
+                    Err(e) => {
+                        assert!(
+                            Instant::now() < by,
+                            "no call succeeded after the fault: {e}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The tokens gone from a bucket of `capacity` tokens (read through `bucket`, retried
+    /// until the backend answers, by `by`).
+    pub(crate) async fn gone<B: Backend>(
+        bucket: &RemoteBucket<B>,
+        capacity: u64,
+        by: Instant,
+    ) -> u64 {
+        loop {
+            match bucket.available_tokens().await {
+                Ok(left) => {
+                    let left = u64::try_from(left).expect("no debt in these tests");
+                    return capacity - left;
+                }
+                Err(e) => {
+                    assert!(Instant::now() < by, "no reading after the fault: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    /// After the fault: gives the settlement of the in-doubt calls up to `within` — rounds of
+    /// one successful call on every manager (the next round trip for the key, on which a
+    /// manager settles what it left in doubt), then a reading of the tokens gone, 100 ms
+    /// apart — until two rounds in a row find the tokens gone equal to the tokens of the calls
+    /// that succeeded (also the rounds' own, added to `tally`), or the time is up. The tokens
+    /// gone at the last reading, for the caller to compare with `tally.tokens`.
+    pub(crate) async fn settle<B: Backend>(
+        buckets: &[RemoteBucket<B>],
+        capacity: u64,
+        tally: &mut Tally,
+        within: Duration,
+    ) -> u64 {
+        let by = Instant::now() + within;
+        // Reaching the backend again may take longer than settling does.
+        let reachable_by = by + Duration::from_secs(10);
+        let mut agreed = 0;
+        loop {
+            round(buckets, tally, reachable_by).await;
+            let gone = gone(&buckets[0], capacity, reachable_by).await;
+            agreed = if gone == tally.tokens { agreed + 1 } else { 0 };
+            if agreed == 2 || Instant::now() >= by {
+                return gone;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }

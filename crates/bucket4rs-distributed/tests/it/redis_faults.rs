@@ -703,3 +703,117 @@ fn fault_redis_busy_server_is_retried_and_charges_nothing() {
         assert!(b.try_consume(1).await.unwrap());
     });
 }
+
+/// Issue 33's "Done when", on Redis: a server stopped and resumed every 300 ms for 10 s
+/// (`SIGSTOP`/`SIGCONT`) under 4 clients (4 managers, each with a backend of its own, as 4
+/// processes would have) with a 250 ms timeout, each calling `try_consume(1..=5)` on one key
+/// of a bucket that cannot run out (1,000,000 tokens, 1 back per hour: every token gone is
+/// one a call took). A call whose reply was lost across a stop is in doubt; once the server
+/// runs again and settlement has had its chance (every manager's next round trip for the key,
+/// or a background task, within 5 s), the tokens gone must be exactly the tokens of the calls
+/// that returned success, in every run (a key each). No circuit breaker: every call reaches
+/// the stopped server and waits for its timeout, so as many calls as possible are in doubt.
+#[test]
+fn fault_redis_flapping_server_charges_only_successful_calls() {
+    use crate::common::charged::{Tally, clients, round, settle};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const CAPACITY: u64 = 1_000_000;
+    const RUNS: usize = 3;
+    const FLAPPING: Duration = Duration::from_secs(10);
+    const HALF: Duration = Duration::from_millis(300);
+    let timeout = Duration::from_millis(250);
+    let server = OwnRedis::start(None, None);
+    let rt = runtime();
+    let managers: Vec<ProxyManager<RedisBackend>> = rt.block_on(async {
+        let mut managers = Vec::new();
+        for _ in 0..4 {
+            let backend = connect(&server, RedisOptions::default().response_timeout(timeout)).await;
+            managers.push(
+                ProxyManager::configure(backend)
+                    .timeout(timeout)
+                    .circuit_breaker(CircuitBreaker::off())
+                    .build()
+                    .unwrap(),
+            );
+        }
+        managers
+    });
+    // 1 token per hour: within the test nothing comes back.
+    let config = || simple(CAPACITY, Duration::from_secs(3_600 * CAPACITY));
+    let mut runs: Vec<(Tally, u64, u32)> = Vec::new();
+    for run in 0..RUNS {
+        let buckets: Vec<_> = managers
+            .iter()
+            .map(|m| {
+                m.builder()
+                    .build(format!("flapping-{run}"), config)
+                    .unwrap()
+            })
+            .collect();
+        let mut tally = Tally::default();
+        // Every client has talked to the server before it first stops.
+        rt.block_on(round(
+            &buckets,
+            &mut tally,
+            Instant::now() + Duration::from_secs(10),
+        ));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (load, stops) = std::thread::scope(|s| {
+            let flapper = s.spawn(|| {
+                let until = Instant::now() + FLAPPING;
+                let mut stops = 0;
+                while Instant::now() < until {
+                    server.freeze();
+                    std::thread::sleep(HALF);
+                    server.resume();
+                    stops += 1;
+                    std::thread::sleep(HALF);
+                }
+                stop.store(true, Ordering::Relaxed);
+                stops
+            });
+            let load = rt.block_on(clients(&buckets, &stop));
+            (load, flapper.join().expect("the flapper"))
+        });
+        tally.add(load);
+        let gone = rt.block_on(settle(
+            &buckets,
+            CAPACITY,
+            &mut tally,
+            Duration::from_secs(5),
+        ));
+        println!(
+            "fault: flapping: run {run}: {stops} stops in {FLAPPING:?}: {} calls ok, {} errors ({} in doubt), tokens gone {gone}, successful {}",
+            tally.ok, tally.errors, tally.in_doubt, tally.tokens
+        );
+        runs.push((tally, gone, stops));
+    }
+    // Not vacuous: the server did stop, calls failed, and some of them in doubt.
+    for (run, (tally, _, stops)) in runs.iter().enumerate() {
+        assert!(*stops > 0, "run {run}: the server was never stopped");
+        assert!(tally.errors > 0, "run {run}: no call failed: {tally:?}");
+        assert!(
+            tally.in_doubt > 0,
+            "run {run}: no call was in doubt: {tally:?}"
+        );
+    }
+    let wrong: Vec<String> = runs
+        .iter()
+        .enumerate()
+        .filter(|(_, (tally, gone, _))| *gone != tally.tokens)
+        .map(|(run, (tally, gone, _))| {
+            format!(
+                "run {run}: {gone} tokens gone, {} successful ({} in doubt)",
+                tally.tokens, tally.in_doubt
+            )
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} of {RUNS} runs charged tokens for calls that failed (or applied one twice): {}",
+        wrong.len(),
+        wrong.join("; ")
+    );
+}

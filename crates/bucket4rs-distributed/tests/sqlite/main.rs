@@ -1,6 +1,10 @@
 //! The SQLite backend: the backend kit, a restart of the process, four processes on one file,
 //! a damaged file (its header before it is opened, a page of its table after it was used), and
-//! an executor that is never blocked while the file is locked.
+//! an executor that is never blocked while the file is locked, and waits dropped mid-wait.
+
+#[path = "../it/common.rs"]
+#[allow(dead_code)] // shared with the `it` and `postgres` binaries, which use more of it
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -413,4 +417,18 @@ fn a_locked_file_never_blocks_the_executor_and_fails_typed() {
         5,
         "the failed call charged"
     );
+}
+
+/// Waiting calls dropped mid-wait give their reservation back on SQLite too (the one check
+/// every backend runs, `common::dropped_waits_give_back_what_they_reserved`).
+#[test]
+fn sqlite_dropped_waits_give_back_what_they_reserved() {
+    let dir = TempDir::new("dropped-waits");
+    runtime().block_on(async {
+        let backend = SqliteBackend::open(dir.file(), SqliteOptions::default())
+            .await
+            .unwrap();
+        let took = common::dropped_waits_give_back_what_they_reserved(backend, "waits").await;
+        println!("sqlite: dropped waits' refunds landed within {took:?}");
+    });
 }
