@@ -305,7 +305,13 @@ impl<B: Backend> ProxyManager<B> {
             id: self.begin_operation(key),
             wrote: false,
         };
+        let in_flight = super::settle::InFlight {
+            manager: self,
+            key,
+            id: tx.id.clone(),
+        };
         let result = self.transact(key, &mut tx).await;
+        in_flight.finished();
         let (id, wrote) = (tx.id.take(), tx.wrote);
         self.end_operation(key, id, &result, wrote);
         if let Err(e) = result {

@@ -340,7 +340,13 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
             id: self.manager.begin_operation(&self.key),
             wrote: false,
         };
+        let in_flight = super::settle::InFlight {
+            manager: &self.manager,
+            key: &self.key,
+            id: tx.id.clone(),
+        };
         let result = self.manager.transact(&self.key, &mut tx).await;
+        in_flight.finished();
         let (id, wrote) = (tx.id.take(), tx.wrote);
         self.manager.end_operation(&self.key, id, &result, wrote);
         result?;

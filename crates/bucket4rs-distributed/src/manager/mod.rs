@@ -590,12 +590,13 @@ impl<B: Backend> ProxyManager<B> {
         result: &Result<(), DistributedError>,
         wrote: bool,
     ) {
-        if let Some(id) = id
-            && self
-                .inner
-                .settler
-                .end(key, &id, settle::End::of(result, wrote))
-        {
+        if let Some(id) = id {
+            self.end_with(key, &id, settle::End::of(result, wrote));
+        }
+    }
+
+    fn end_with(&self, key: &StorageKey, id: &OperationId, end: settle::End) {
+        if self.inner.settler.end(key, id, end) {
             self.spawn_settler();
         }
     }

@@ -158,6 +158,30 @@ impl Settler {
     }
 }
 
+/// Ends an operation whose future was dropped before it finished (a caller that went away
+/// with the request possibly in flight): in doubt, so it is settled like any other, and the
+/// owner's floor moves on.
+pub(super) struct InFlight<'a, B: Backend> {
+    pub(super) manager: &'a ProxyManager<B>,
+    pub(super) key: &'a StorageKey,
+    pub(super) id: Option<OperationId>,
+}
+
+impl<B: Backend> InFlight<'_, B> {
+    /// The operation finished: the caller records how.
+    pub(super) fn finished(mut self) {
+        self.id = None;
+    }
+}
+
+impl<B: Backend> Drop for InFlight<'_, B> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.manager.end_with(self.key, &id, End::InDoubt);
+        }
+    }
+}
+
 /// A transaction that only settles: runs the ledger's settlement on the key's record and
 /// writes it back (nothing to do on an absent record: nothing of it is stored any more).
 struct SettleTx {

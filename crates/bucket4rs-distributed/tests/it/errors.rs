@@ -238,6 +238,52 @@ fn a_call_in_doubt_is_settled_in_the_background() {
     });
 }
 
+/// A call whose future is dropped with its request in flight is in doubt like any other:
+/// settled (its token comes back), and the ledger does not keep the manager's later calls
+/// (the dropped call no longer holds the manager's floor).
+#[test]
+fn a_call_dropped_in_flight_is_settled_and_frees_the_ledger() {
+    let rt = runtime();
+    let backend = Arc::new(Failing::default());
+    let manager = ProxyManager::configure(Arc::clone(&backend))
+        .time_source(TimeSource::client(ManualClock::new(0)))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let b = manager
+        .builder()
+        .build("dropped", || simple(100, Duration::from_secs(1_000_000)))
+        .unwrap();
+    rt.block_on(async {
+        backend.set(Fail::Hang);
+        let dropped = tokio::time::timeout(Duration::from_millis(50), b.try_consume(3)).await;
+        assert!(dropped.is_err(), "still in flight when dropped");
+        assert_eq!(manager.unsettled(), 1);
+        backend.set(Fail::No);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while manager.unsettled() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not settled within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            b.available_tokens().await.unwrap(),
+            100,
+            "the 3 tokens came back"
+        );
+        for _ in 0..10 {
+            assert!(b.try_consume(1).await.unwrap());
+        }
+        let bytes = backend.read(b.key()).await.unwrap().unwrap();
+        let ledger = bucket4rs_distributed::format::decode(&bytes)
+            .unwrap()
+            .ledger;
+        assert!(ledger.len() <= 2, "{ledger:?}");
+    });
+}
+
 /// The taxonomy as a table: which kinds say "in doubt" and which "try again".
 #[test]
 fn kinds_say_in_doubt_or_not_applied() {
