@@ -20,6 +20,8 @@ mod redis;
 #[cfg(feature = "redis")]
 mod redis_boundary;
 #[cfg(feature = "redis")]
+mod redis_cluster;
+#[cfg(feature = "redis")]
 mod redis_faults;
 #[cfg(feature = "redis")]
 mod redis_kit;
