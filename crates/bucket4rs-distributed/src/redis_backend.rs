@@ -18,7 +18,7 @@ mod cluster;
 mod conn;
 use crate::skew::host_micros;
 use cluster::Cluster;
-use conn::Pool;
+use conn::{Pool, Source};
 
 const OP_SCRIPT: &str = include_str!("lua/op.lua");
 const CAS_SCRIPT: &str = include_str!("lua/cas.lua");
@@ -212,10 +212,11 @@ impl fmt::Debug for RedisBackend {
 fn map_err(e: RedisError) -> BackendError {
     // Replies of a server that refused to run the command at all: busy with a long script,
     // still loading its data after a restart, a replica without its primary.
-    // A cluster that has lost a slot's master refuses with CLUSTERDOWN.
+    // A cluster that has lost a slot's master refuses with CLUSTERDOWN; a master demoted to
+    // replica (a failover) with READONLY at the script's first write, so nothing was written.
     let refused = matches!(
         e.code(),
-        Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")
+        Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY")
     );
     let kind = if e.is_timeout() {
         BackendErrorKind::Timeout
@@ -413,7 +414,7 @@ impl RedisBackend {
             crate::tls::install_provider();
         }
         let pool = Arc::new(Pool::new(
-            resp3(client)?,
+            Source::Client(resp3(client)?),
             options.connections,
             options.connect_timeout,
             options.response_timeout,
@@ -527,6 +528,72 @@ impl RedisBackend {
         Ok(Self::on(Conn::Cluster(cluster)))
     }
 
+    /// A backend for the master of the service `master` that the Redis Sentinels at
+    /// `sentinels` (`redis://host:26379` URLs, with the sentinels' own credentials if any)
+    /// monitor, with `options`; otherwise as [`connect`](Self::connect).
+    ///
+    /// Each new connection asks the sentinels for the current master (and checks that it
+    /// says it is one). After a failover the old master's connections end, or it answers as a
+    /// replica (`READONLY`, a refused command: retryable, nothing was written), so the next
+    /// call connects to the promoted replica, without a restart. Until the sentinels name a
+    /// master that answers, calls fail at once with a retryable
+    /// [`BackendErrorKind::Unavailable`]. Replication is asynchronous: writes the old master
+    /// acknowledged and did not pass on before it failed are lost, so its buckets may grant
+    /// again what they had granted (see `docs/distributed.md`).
+    ///
+    /// The master is reached over plaintext RESP3, database 0, without credentials: a master
+    /// with a password or TLS is not supported by this constructor yet.
+    ///
+    /// # Errors
+    /// [`BackendErrorKind::Other`] for no sentinel, a URL the `redis` crate does not read,
+    /// [`RedisOptions::tls`] (not supported here yet) and a zero response or connect timeout.
+    ///
+    /// ```no_run
+    /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let sentinels = ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"];
+    /// let backend = RedisBackend::connect_sentinel(sentinels, "limits", RedisOptions::default()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_sentinel<I>(
+        sentinels: I,
+        master: &str,
+        options: RedisOptions,
+    ) -> Result<Self, BackendError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        check_timeouts(&options)?;
+        if options.tls.is_some() {
+            return Err(BackendError::new(
+                BackendErrorKind::Other,
+                "RedisBackend::connect_sentinel does not support RedisOptions::tls yet",
+            ));
+        }
+        let urls: Vec<String> = sentinels
+            .into_iter()
+            .map(|s| s.as_ref().to_owned())
+            .collect();
+        let sentinel = redis::sentinel::Sentinel::build(urls).map_err(map_err)?;
+        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(
+                redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3),
+            );
+        let pool = Arc::new(Pool::new(
+            Source::Sentinel {
+                sentinel: tokio::sync::Mutex::new(sentinel),
+                master: master.to_owned(),
+                node,
+            },
+            options.connections,
+            options.connect_timeout,
+            options.response_timeout,
+        ));
+        pool.start();
+        Ok(Self::on(Conn::Node(pool)))
+    }
+
     fn on(conn: Conn) -> Self {
         Self {
             conn,
@@ -638,7 +705,12 @@ impl RedisBackend {
         match reply {
             Ok(Ok(v)) => Ok(Ok((v, arrived))),
             Ok(Err(e)) => {
-                if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+                // READONLY: a replica now (a failover); the next connection asks the sentinels.
+                if e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_unrecoverable_error()
+                    || e.code() == Some("READONLY")
+                {
                     pool.discard(slot, &live).await;
                 }
                 Ok(Err(e))

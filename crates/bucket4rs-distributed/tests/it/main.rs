@@ -26,5 +26,7 @@ mod redis_faults;
 #[cfg(feature = "redis")]
 mod redis_kit;
 #[cfg(feature = "redis")]
+mod redis_sentinel;
+#[cfg(feature = "redis")]
 mod redis_tls;
 mod waits;
