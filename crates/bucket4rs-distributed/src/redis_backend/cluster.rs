@@ -229,6 +229,7 @@ impl Cluster {
         let mut conn = self.live(until).await?;
         let slot = Slot::for_key(key);
         let mut target = Target::Slot;
+        let mut last = String::new();
         for _ in 0..=MAX_REDIRECTS {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -282,6 +283,7 @@ impl Cluster {
                     ));
                 }
             };
+            last = e.to_string();
             match e.kind() {
                 // Not run: the slot has moved. The crate refreshes its slot map (commands
                 // wait for the refresh), so the next attempt by slot goes to the new master.
@@ -308,7 +310,8 @@ impl Cluster {
             }
         }
         Err(unavailable(format!(
-            "the Redis Cluster redirected the command {MAX_REDIRECTS} times without running it"
+            "the Redis Cluster redirected the command {MAX_REDIRECTS} times without running it \
+             (last: {last})"
         )))
     }
 }
