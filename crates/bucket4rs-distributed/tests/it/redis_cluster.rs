@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use bucket4rs_distributed::{BackendErrorKind, ProxyManager, RedisBackend, RedisOptions};
 use bucket4rs_testkit::BackendKit;
+use std::sync::Mutex;
 
 use crate::common::{patient, simple, unique_prefix};
 
@@ -19,6 +20,7 @@ use crate::common::{patient, simple, unique_prefix};
 pub(crate) struct Node {
     pub(crate) id: String,
     pub(crate) port: u16,
+    /// A master not marked as failed.
     pub(crate) master: bool,
 }
 
@@ -26,6 +28,8 @@ pub(crate) struct Node {
 /// each), in a directory of their own; killed and removed on drop (also on a panic).
 pub(crate) struct OwnCluster {
     pub(crate) ports: Vec<u16>,
+    /// The ports of the nodes killed ([`OwnCluster::kill`]).
+    killed: Vec<u16>,
     dir: PathBuf,
     children: Vec<Child>,
 }
@@ -66,7 +70,8 @@ pub(crate) fn cli(port: u16, args: &[&str]) -> String {
 
 impl OwnCluster {
     /// Starts the six servers and joins them; returns once every node reports
-    /// `cluster_state:ok` and knows three masters and three replicas. Panics with the reason
+    /// `cluster_state:ok` and knows three masters and three replicas, and every replica is in
+    /// sync with its master. Panics with the reason
     /// when any step fails or takes over 30 s.
     pub(crate) fn start() -> Self {
         let dir = std::env::temp_dir().join(unique_prefix("redis-cluster"));
@@ -76,6 +81,7 @@ impl OwnCluster {
         drop(held);
         let mut me = Self {
             ports: ports.clone(),
+            killed: Vec::new(),
             dir: dir.clone(),
             children: Vec::new(),
         };
@@ -86,6 +92,9 @@ impl OwnCluster {
                 .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
                 .args(["--cluster-node-timeout", "2000"])
                 .args(["--save", "", "--appendonly", "no"])
+                // A replica's first sync starts at once (not after 5 s): a replica that never
+                // synced may not be promoted.
+                .args(["--repl-diskless-sync-delay", "0"])
                 .arg("--dir")
                 .arg(&dir)
                 .stdout(Stdio::null())
@@ -134,6 +143,19 @@ impl OwnCluster {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        for &port in &ports {
+            loop {
+                let info = cli(port, &["INFO", "replication"]);
+                if info.contains("role:master") || info.contains("master_link_status:up") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "cluster replica {port} not in sync within 30 s: {info}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         me
     }
 
@@ -158,31 +180,40 @@ impl OwnCluster {
                 Some(Node {
                     id,
                     port,
-                    master: flags.contains("master"),
+                    master: flags.contains("master") && !flags.contains("fail"),
                 })
             })
             .collect()
     }
 
-    /// The masters, as the first node sees them.
+    /// A node that was not killed.
+    fn alive(&self) -> u16 {
+        *self
+            .ports
+            .iter()
+            .find(|p| !self.killed.contains(p))
+            .expect("a node alive")
+    }
+
+    /// The masters, as a live node sees them.
     pub(crate) fn masters(&self) -> Vec<Node> {
-        self.nodes_seen_by(self.ports[0])
+        self.nodes_seen_by(self.alive())
             .into_iter()
             .filter(|n| n.master)
             .collect()
     }
 
     /// The slot of `key` (`CLUSTER KEYSLOT`) and the master whose slot ranges hold it
-    /// (`CLUSTER NODES`, as the first node sees them).
+    /// (`CLUSTER NODES`, as a live node sees them).
     pub(crate) fn master_of(&self, key: &str) -> (u16, Node) {
-        let slot: u16 = cli(self.ports[0], &["CLUSTER", "KEYSLOT", key])
+        let slot: u16 = cli(self.alive(), &["CLUSTER", "KEYSLOT", key])
             .parse()
             .expect("a slot");
         let masters = self.masters();
-        let line = cli(self.ports[0], &["CLUSTER", "NODES"]);
+        let line = cli(self.alive(), &["CLUSTER", "NODES"]);
         for l in line.lines() {
             let f: Vec<&str> = l.split_whitespace().collect();
-            if !f[2].contains("master") {
+            if !f[2].contains("master") || f[2].contains("fail") {
                 continue;
             }
             for range in &f[8..] {
@@ -246,6 +277,20 @@ impl OwnCluster {
             .lines()
             .find_map(|l| l.strip_prefix(&format!("errorstat_{code}:count=")))
             .map_or(0, |n| n.trim().parse().expect("a count"))
+    }
+}
+
+impl OwnCluster {
+    /// `kill -9` of the node on `port`, waited for.
+    pub(crate) fn kill(&mut self, port: u16) {
+        let i = self
+            .ports
+            .iter()
+            .position(|&p| p == port)
+            .expect("a node of this cluster");
+        let _ = self.children[i].kill();
+        let _ = self.children[i].wait();
+        self.killed.push(port);
     }
 }
 
@@ -501,5 +546,129 @@ fn an_unreachable_redis_cluster_is_created_and_its_calls_fail_fast_and_retryably
                 t.elapsed()
             );
         }
+    });
+}
+
+/// The master of a hot key is killed (`kill -9`) while 4 tasks, a backend each, consume from
+/// it: calls fail within their deadline until its replica is promoted
+/// (`cluster-node-timeout 2000`), then succeed on it, through the same backends. Prints the
+/// time from the kill to the first success, and the tokens granted against the limit (writes
+/// the master acknowledged and did not replicate are lost: over-grant).
+#[test]
+fn fault_cluster_master_killed_under_load_fails_over_to_its_replica() {
+    let mut cluster = OwnCluster::start();
+    let capacity = 100_000u64;
+    let config = move || simple(capacity, Duration::from_secs(1_000_000));
+    runtime().block_on(async {
+        let prefix = unique_prefix("failover");
+        let options = RedisOptions::default()
+            .response_timeout(Duration::from_millis(300))
+            .connect_timeout(Duration::from_millis(300));
+        let mut managers = Vec::new();
+        for _ in 0..4 {
+            let backend = RedisBackend::connect_cluster(cluster.urls(), options.clone())
+                .await
+                .unwrap();
+            managers.push(
+                ProxyManager::configure(backend)
+                    .key_prefix(prefix.as_str())
+                    .timeout(Duration::from_millis(500))
+                    .build()
+                    .unwrap(),
+            );
+        }
+        let probe = managers[0].builder().build("hot", config).unwrap();
+        let setup = Instant::now() + Duration::from_secs(10);
+        while probe.available_tokens().await.is_err() {
+            assert!(
+                Instant::now() < setup,
+                "the backend never reached the cluster"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (_, old) = cluster.master_of(probe.key().as_str());
+        let stop = Arc::new(AtomicBool::new(false));
+        let granted = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let killed_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let first_after: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let mut tasks = Vec::new();
+        for manager in &managers {
+            let b = manager.builder().build("hot", config).unwrap();
+            let (stop, granted, failed) =
+                (Arc::clone(&stop), Arc::clone(&granted), Arc::clone(&failed));
+            let (killed_at, first_after) = (Arc::clone(&killed_at), Arc::clone(&first_after));
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Acquire) {
+                    let t = Instant::now();
+                    match b.try_consume(1).await {
+                        Ok(true) => {
+                            granted.fetch_add(1, Ordering::Relaxed);
+                            let killed = *killed_at.lock().unwrap();
+                            if killed.is_some_and(|k| t > k) {
+                                first_after.lock().unwrap().get_or_insert(Instant::now());
+                            }
+                        }
+                        Ok(false) => panic!("denied with tokens left"),
+                        Err(_) => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                            assert!(
+                                t.elapsed() < Duration::from_secs(2),
+                                "a failed call took {:?}, past its deadline",
+                                t.elapsed()
+                            );
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                }
+            }));
+        }
+        while granted.load(Ordering::Relaxed) < 500 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let granted_before = granted.load(Ordering::Relaxed);
+        tokio::task::block_in_place(|| cluster.kill(old.port));
+        let killed = Instant::now();
+        *killed_at.lock().unwrap() = Some(killed);
+        let deadline = killed + Duration::from_secs(30);
+        let alive = cluster.alive();
+        while first_after.lock().unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "no success within 30 s of the kill; the cluster as :{alive} sees it:\n{}",
+                cli(alive, &["CLUSTER", "NODES"])
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.store(true, Ordering::Release);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let first = first_after
+            .lock()
+            .unwrap()
+            .expect("a success after the kill");
+        let granted = granted.load(Ordering::Relaxed);
+        let left = u64::try_from(probe.available_tokens().await.unwrap()).expect("not in debt");
+        let failed = failed.load(Ordering::Relaxed);
+        let over = (granted + left).saturating_sub(capacity);
+        let under = capacity.saturating_sub(granted + left);
+        let (_, new) = cluster.master_of(probe.key().as_str());
+        let new_port = new.port;
+        println!(
+            "fault: cluster failover (master :{} of the hot key killed -9 under 4 tasks, \
+             cluster-node-timeout 2000): first success {:.0} ms after the kill, on :{new_port}; \
+             {failed} calls failed; granted {granted} ({granted_before} before the kill), {left} \
+             left of {capacity}: over-granted {over}, unaccounted {under} (calls in doubt at the \
+             kill)",
+            old.port,
+            (first - killed).as_secs_f64() * 1e3,
+        );
+        assert_ne!(new.id, old.id, "the replica was promoted");
+        assert!(failed > 0, "calls while the slot had no master must fail");
+        // The replica had every acknowledged write but those in flight at the kill.
+        assert!(over <= 100, "over-granted {over}");
+        assert!(under <= 8, "more calls in doubt than tasks: {under}");
     });
 }
