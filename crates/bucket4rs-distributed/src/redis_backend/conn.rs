@@ -121,6 +121,9 @@ pub(super) struct Pool {
     connect_timeout: Duration,
     response_timeout: Duration,
     skew: ClockOffset,
+    /// The address the last connection went to ([`Source::Sentinel`] changes it on a
+    /// failover: the clock estimate is then measured afresh).
+    server: std::sync::Mutex<Option<redis::ConnectionAddr>>,
 }
 
 fn unavailable_within(budget: Duration) -> BackendError {
@@ -174,6 +177,7 @@ impl Pool {
             connect_timeout,
             response_timeout,
             skew: ClockOffset::new(),
+            server: std::sync::Mutex::new(None),
         }
     }
 
@@ -233,6 +237,15 @@ impl Pool {
             .source
             .client(until.saturating_duration_since(Instant::now()))
             .await?;
+        {
+            let addr = client.get_connection_info().addr().clone();
+            let mut last = self.server.lock().unwrap_or_else(|p| p.into_inner());
+            if last.as_ref().is_some_and(|l| *l != addr) {
+                // Another machine, another clock: its TIME is read before the first command.
+                self.skew.forget();
+            }
+            *last = Some(addr);
+        }
         let mut left = until
             .saturating_duration_since(Instant::now())
             .min(self.connect_timeout);
