@@ -13,6 +13,7 @@ use bucket4rs_distributed::{BackendErrorKind, ProxyManager, RedisBackend, RedisO
 use bucket4rs_testkit::BackendKit;
 use std::sync::Mutex;
 
+use crate::certs::Certs;
 use crate::common::{patient, simple, unique_prefix};
 
 /// A node of `CLUSTER NODES`.
@@ -28,6 +29,8 @@ pub(crate) struct Node {
 /// each), in a directory of their own; killed and removed on drop (also on a panic).
 pub(crate) struct OwnCluster {
     pub(crate) ports: Vec<u16>,
+    /// The CA file of a cluster on TLS.
+    tls: Option<PathBuf>,
     /// The ports of the nodes killed ([`OwnCluster::kill`]).
     killed: Vec<u16>,
     dir: PathBuf,
@@ -54,7 +57,16 @@ fn free_pair(held: &mut Vec<std::net::TcpListener>) -> u16 {
 
 /// `redis-cli -p port args…`, its standard output; panics naming the command if it fails.
 pub(crate) fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
+    cli_with(None, port, args)
+}
+
+/// [`cli`], over TLS trusting the CA file `tls` if given.
+fn cli_with(tls: Option<&std::path::Path>, port: u16, args: &[&str]) -> String {
+    let mut cmd = Command::new("redis-cli");
+    if let Some(ca) = tls {
+        cmd.arg("--tls").arg("--cacert").arg(ca);
+    }
+    let out = cmd
         .arg("-p")
         .arg(port.to_string())
         .args(args)
@@ -74,6 +86,13 @@ impl OwnCluster {
     /// sync with its master. Panics with the reason
     /// when any step fails or takes over 30 s.
     pub(crate) fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// [`start`](Self::start); with `tls`, every node listens on TLS only (clients, the
+    /// cluster bus and replication), with the server certificate of `tls` (for `localhost`,
+    /// which the nodes announce as their host name).
+    pub(crate) fn start_with(tls: Option<&Certs>) -> Self {
         let dir = std::env::temp_dir().join(unique_prefix("redis-cluster"));
         std::fs::create_dir_all(&dir).expect("the cluster's directory");
         let mut held = Vec::new();
@@ -81,13 +100,37 @@ impl OwnCluster {
         drop(held);
         let mut me = Self {
             ports: ports.clone(),
+            tls: tls.map(|c| c.path("ca.pem")),
             killed: Vec::new(),
             dir: dir.clone(),
             children: Vec::new(),
         };
         for &port in &ports {
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            let mut server = Command::new("redis-server");
+            match tls {
+                None => server.args(["--port", &port.to_string()]),
+                Some(certs) => server
+                    .args(["--port", "0", "--tls-port", &port.to_string()])
+                    .args(["--tls-cluster", "yes", "--tls-replication", "yes"])
+                    .arg("--tls-cert-file")
+                    .arg(certs.path("server.pem"))
+                    .arg("--tls-key-file")
+                    .arg(certs.path("server.key"))
+                    .arg("--tls-ca-cert-file")
+                    .arg(certs.path("ca.pem"))
+                    // The cluster bus always authenticates both ends: the nodes present the
+                    // client certificate (the server's has no client-auth usage).
+                    .arg("--tls-client-cert-file")
+                    .arg(certs.path("client.pem"))
+                    .arg("--tls-client-key-file")
+                    .arg(certs.path("client.key"))
+                    .args(["--tls-auth-clients", "no"])
+                    .args(["--cluster-port", &(port + 10_000).to_string()])
+                    .args(["--cluster-announce-hostname", "localhost"])
+                    .args(["--cluster-preferred-endpoint-type", "hostname"]),
+            };
+            let child = server
+                .args(["--bind", "127.0.0.1"])
                 .args(["--cluster-enabled", "yes"])
                 .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
                 .args(["--cluster-node-timeout", "2000"])
@@ -115,13 +158,33 @@ impl OwnCluster {
             }
         }
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let out = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli");
+        if let Some(ca) = &me.tls {
+            create.arg("--tls").arg("--cacert").arg(ca);
+        }
+        let mut create = create
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .unwrap_or_else(|e| panic!("redis-cli must be installed for the cluster tests: {e}"));
+        // It waits for the nodes to meet without a limit of its own (forever when their
+        // cluster bus cannot connect): bounded here.
+        while create.try_wait().expect("redis-cli runs").is_none() {
+            if Instant::now() > deadline {
+                let _ = create.kill();
+                let out = create.wait_with_output().expect("redis-cli's output");
+                panic!(
+                    "redis-cli --cluster create did not finish within 30 s: {}",
+                    String::from_utf8_lossy(&out.stdout)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = create.wait_with_output().expect("redis-cli's output");
         assert!(
             out.status.success(),
             "redis-cli --cluster create failed: {}{}",
@@ -130,7 +193,7 @@ impl OwnCluster {
         );
         for &port in &ports {
             loop {
-                let info = cli(port, &["CLUSTER", "INFO"]);
+                let info = me.cli(port, &["CLUSTER", "INFO"]);
                 let nodes = me.nodes_seen_by(port);
                 let masters = nodes.iter().filter(|n| n.master).count();
                 if info.contains("cluster_state:ok") && masters == 3 && nodes.len() == 6 {
@@ -145,7 +208,7 @@ impl OwnCluster {
         }
         for &port in &ports {
             loop {
-                let info = cli(port, &["INFO", "replication"]);
+                let info = me.cli(port, &["INFO", "replication"]);
                 if info.contains("role:master") || info.contains("master_link_status:up") {
                     break;
                 }
@@ -159,17 +222,26 @@ impl OwnCluster {
         me
     }
 
-    /// The seed URLs (every node).
+    /// The seed URLs (every node): `rediss://localhost:…` on TLS.
     pub(crate) fn urls(&self) -> Vec<String> {
+        let (scheme, host) = match self.tls {
+            None => ("redis", "127.0.0.1"),
+            Some(_) => ("rediss", "localhost"),
+        };
         self.ports
             .iter()
-            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .map(|p| format!("{scheme}://{host}:{p}"))
             .collect()
+    }
+
+    /// `redis-cli` on the node on `port` (over TLS on a TLS cluster).
+    pub(crate) fn cli(&self, port: u16, args: &[&str]) -> String {
+        cli_with(self.tls.as_deref(), port, args)
     }
 
     /// The nodes as the node on `port` sees them.
     pub(crate) fn nodes_seen_by(&self, port: u16) -> Vec<Node> {
-        cli(port, &["CLUSTER", "NODES"])
+        self.cli(port, &["CLUSTER", "NODES"])
             .lines()
             .filter_map(|line| {
                 let mut f = line.split_whitespace();
@@ -206,11 +278,12 @@ impl OwnCluster {
     /// The slot of `key` (`CLUSTER KEYSLOT`) and the master whose slot ranges hold it
     /// (`CLUSTER NODES`, as a live node sees them).
     pub(crate) fn master_of(&self, key: &str) -> (u16, Node) {
-        let slot: u16 = cli(self.alive(), &["CLUSTER", "KEYSLOT", key])
+        let slot: u16 = self
+            .cli(self.alive(), &["CLUSTER", "KEYSLOT", key])
             .parse()
             .expect("a slot");
         let masters = self.masters();
-        let line = cli(self.alive(), &["CLUSTER", "NODES"]);
+        let line = self.cli(self.alive(), &["CLUSTER", "NODES"]);
         for l in line.lines() {
             let f: Vec<&str> = l.split_whitespace().collect();
             if !f[2].contains("master") || f[2].contains("fail") {
@@ -247,10 +320,10 @@ impl OwnCluster {
     /// window).
     pub(crate) fn move_slot(&self, slot: u16, from: &Node, to: &Node, pause: Duration) {
         let s = slot.to_string();
-        cli(to.port, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from.id]);
-        cli(from.port, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to.id]);
+        self.cli(to.port, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from.id]);
+        self.cli(from.port, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to.id]);
         loop {
-            let keys = cli(from.port, &["CLUSTER", "GETKEYSINSLOT", &s, "100"]);
+            let keys = self.cli(from.port, &["CLUSTER", "GETKEYSINSLOT", &s, "100"]);
             let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
             if keys.is_empty() {
                 break;
@@ -258,21 +331,21 @@ impl OwnCluster {
             let port = to.port.to_string();
             let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
             args.extend(keys);
-            cli(from.port, &args);
+            self.cli(from.port, &args);
         }
         std::thread::sleep(pause);
-        cli(to.port, &["CLUSTER", "SETSLOT", &s, "NODE", &to.id]);
-        cli(from.port, &["CLUSTER", "SETSLOT", &s, "NODE", &to.id]);
+        self.cli(to.port, &["CLUSTER", "SETSLOT", &s, "NODE", &to.id]);
+        self.cli(from.port, &["CLUSTER", "SETSLOT", &s, "NODE", &to.id]);
         for m in self.masters() {
             if m.id != from.id && m.id != to.id {
-                cli(m.port, &["CLUSTER", "SETSLOT", &s, "NODE", &to.id]);
+                self.cli(m.port, &["CLUSTER", "SETSLOT", &s, "NODE", &to.id]);
             }
         }
     }
 
     /// How many times the node on `port` answered with error `code` (`INFO errorstats`).
     pub(crate) fn errors_answered(&self, port: u16, code: &str) -> u64 {
-        let stats = cli(port, &["INFO", "errorstats"]);
+        let stats = self.cli(port, &["INFO", "errorstats"]);
         stats
             .lines()
             .find_map(|l| l.strip_prefix(&format!("errorstat_{code}:count=")))
@@ -670,5 +743,63 @@ fn fault_cluster_master_killed_under_load_fails_over_to_its_replica() {
         // The replica had every acknowledged write but those in flight at the kill.
         assert!(over <= 100, "over-granted {over}");
         assert!(under <= 8, "more calls in doubt than tasks: {under}");
+    });
+}
+
+/// A cluster on TLS only (clients, bus, replication) with a private CA: the backend trusts it
+/// through `RedisOptions::tls`, follows the nodes the cluster announces (`localhost`, the
+/// certificate's name) and keeps its limits exactly on every master; without the CA no call
+/// succeeds (the handshake is refused: nothing is ever sent in plaintext).
+#[test]
+fn cluster_over_tls_with_a_private_ca_keeps_its_limits() {
+    let certs = Certs::new();
+    let cluster = OwnCluster::start_with(Some(&certs));
+    runtime().block_on(async {
+        let tls = bucket4rs_distributed::TlsOptions::default()
+            .ca_file(certs.path("ca.pem"))
+            .unwrap();
+        let backend =
+            RedisBackend::connect_cluster(cluster.urls(), RedisOptions::default().tls(tls))
+                .await
+                .unwrap();
+        let prefix = unique_prefix("tls");
+        let manager = ProxyManager::configure(backend)
+            .key_prefix(prefix.as_str())
+            .timeout(Duration::from_secs(20))
+            .build()
+            .unwrap();
+        for i in 0..30 {
+            let b = manager
+                .builder()
+                .build(format!("k{i}"), || {
+                    simple(10, Duration::from_secs(1_000_000))
+                })
+                .unwrap();
+            assert!(b.try_consume(4).await.unwrap());
+            assert!(!b.try_consume(7).await.unwrap());
+            assert_eq!(b.available_tokens().await.unwrap(), 6);
+        }
+        let mut held = Vec::new();
+        for m in cluster.masters() {
+            let keys = cluster.cli(m.port, &["KEYS", &format!("{prefix}*")]);
+            held.push(keys.lines().filter(|k| !k.is_empty()).count());
+        }
+        println!("cluster over TLS: records per master: {held:?}");
+        assert_eq!(held.len(), 3);
+        assert!(held.iter().all(|&n| n > 0), "{held:?}");
+        assert_eq!(held.iter().sum::<usize>(), 30);
+
+        // The platform's roots only: the private CA is unknown, no connection is made.
+        let untrusting = RedisBackend::connect_cluster(cluster.urls(), RedisOptions::default())
+            .await
+            .unwrap();
+        let manager = patient(untrusting.clone());
+        let key = manager.storage_key("k").unwrap();
+        let e = bucket4rs_distributed::Backend::read(&untrusting, &key)
+            .await
+            .unwrap_err();
+        println!("cluster over TLS, CA not trusted: {e}");
+        assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{e}");
+        assert_eq!(untrusting.stats().round_trips, 0, "nothing was sent");
     });
 }
