@@ -211,9 +211,9 @@ impl fmt::Debug for RedisBackend {
 
 fn map_err(e: RedisError) -> BackendError {
     // Replies of a server that refused to run the command at all: busy with a long script,
-    // still loading its data after a restart, a replica without its primary.
-    // A cluster that has lost a slot's master refuses with CLUSTERDOWN; a master demoted to
-    // replica (a failover) with READONLY at the script's first write, so nothing was written.
+    // still loading its data after a restart, a replica without its primary, a slot being
+    // moved (TRYAGAIN), a cluster that has lost a slot's master (CLUSTERDOWN), a replica,
+    // which writes nothing a client sends (READONLY: a master demoted by a failover).
     let refused = matches!(
         e.code(),
         Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY")
