@@ -317,3 +317,48 @@ fn fault_sentinel_failover_under_load_moves_to_the_promoted_replica() {
         assert!(under <= 8, "more calls in doubt than tasks: {under}");
     });
 }
+
+/// A backend on a replica (a master demoted by a failover looks the same): the script's write
+/// is refused with `READONLY`, a retryable `Unavailable`, and nothing is written.
+#[test]
+fn a_replica_answers_readonly_a_retryable_refusal_that_writes_nothing() {
+    let master = crate::redis_faults::OwnRedis::start(None, None);
+    let port = master.port.to_string();
+    let replica =
+        crate::redis_faults::OwnRedis::start_with(None, None, &["--replicaof", "127.0.0.1", &port]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    wait_until("the replica is in sync", deadline, || {
+        cli(replica.port, &["INFO", "replication"]).contains("master_link_status:up")
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let backend = RedisBackend::connect(&replica.url(), RedisOptions::default())
+            .await
+            .unwrap();
+        let manager = ProxyManager::configure(backend.clone())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let b = manager
+            .builder()
+            .build("k", || simple(10, Duration::from_secs(60)))
+            .unwrap();
+        let e = b.try_consume(1).await.unwrap_err();
+        println!("a replica's refusal: {e}");
+        let bucket4rs_distributed::DistributedError::Backend(be) = &e else {
+            panic!("a backend error: {e}");
+        };
+        assert_eq!(
+            be.kind(),
+            bucket4rs_distributed::BackendErrorKind::Unavailable,
+            "{e}"
+        );
+        assert!(e.is_retryable(), "refused, not run: {e}");
+        assert!(e.to_string().contains("read only replica"), "{e}");
+        assert!(backend.stats().round_trips > 0, "the script was sent");
+        assert_eq!(cli(master.port, &["EXISTS", b.key().as_str()]), "0");
+    });
+}
