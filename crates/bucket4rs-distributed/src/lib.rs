@@ -16,7 +16,9 @@
 //!   trait only. For a per-key limit in one process, use
 //!   [`KeyedBucket`](bucket4rs_local::KeyedBucket).
 //! - `RedisBackend` (feature `redis`): one round trip per operation, atomic under any number
-//!   of clients, exact despite Lua's doubles (see `docs/distributed.md`).
+//!   of clients, exact despite Lua's doubles (see `docs/distributed.md`); on one server, a
+//!   Redis Cluster (`RedisBackend::connect_cluster`) or the master of a Redis Sentinel
+//!   service (`RedisBackend::connect_sentinel`).
 //! - `PostgresBackend` (feature `postgres`): one statement per operation in the common case,
 //!   shipped schema and migration, expiry reaper (see `docs/distributed.md`).
 //! - `SqliteBackend` (feature `sqlite`): one file on this machine, shared exactly by its
@@ -44,8 +46,8 @@
 //! ```
 //!
 //! # Crate features
-//! - `redis`: the Redis backend (`redis` crate with tokio and its multiplexed connection
-//!   manager).
+//! - `redis`: the Redis backend (`redis` crate with tokio, its multiplexed connections, its
+//!   async cluster connection and its Sentinel client).
 //! - `postgres`: the PostgreSQL backend (`tokio-postgres` with a `deadpool-postgres` pool).
 //! - `sqlite`: the SQLite backend (`rusqlite` with the library bundled: nothing to install).
 #![forbid(unsafe_code)]

@@ -14,9 +14,11 @@ use crate::error::{BackendError, BackendErrorKind};
 use crate::key::StorageKey;
 use crate::tls::TlsOptions;
 
+mod cluster;
 mod conn;
 use crate::skew::host_micros;
-use conn::Pool;
+use cluster::Cluster;
+use conn::{Pool, Source};
 
 const OP_SCRIPT: &str = include_str!("lua/op.lua");
 const CAS_SCRIPT: &str = include_str!("lua/cas.lua");
@@ -181,27 +183,40 @@ impl Script {
 /// ```
 #[derive(Clone)]
 pub struct RedisBackend {
-    pool: Arc<Pool>,
+    conn: Conn,
     op: Arc<Script>,
     cas: Arc<Script>,
     counters: Arc<Counters>,
 }
 
+/// What a backend sends its commands on: one server's connections, or a cluster's. Everything
+/// above [`RedisBackend::send`] (the scripts, their arguments, `NOSCRIPT`, the replies, the
+/// records) is the same for both.
+#[derive(Clone)]
+enum Conn {
+    Node(Arc<Pool>),
+    Cluster(Arc<Cluster>),
+}
+
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisBackend")
-            .field("connections", &self.pool.len())
-            .field("stats", &self.stats())
-            .finish()
+        let mut d = f.debug_struct("RedisBackend");
+        match &self.conn {
+            Conn::Node(pool) => d.field("connections", &pool.len()),
+            Conn::Cluster(_) => d.field("cluster", &true),
+        };
+        d.field("stats", &self.stats()).finish()
     }
 }
 
 fn map_err(e: RedisError) -> BackendError {
     // Replies of a server that refused to run the command at all: busy with a long script,
-    // still loading its data after a restart, a replica without its primary.
+    // still loading its data after a restart, a replica without its primary, a slot being
+    // moved (TRYAGAIN), a cluster that has lost a slot's master (CLUSTERDOWN), a replica,
+    // which writes nothing a client sends (READONLY: a master demoted by a failover).
     let refused = matches!(
         e.code(),
-        Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN")
+        Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY")
     );
     let kind = if e.is_timeout() {
         BackendErrorKind::Timeout
@@ -229,6 +244,26 @@ fn map_err(e: RedisError) -> BackendError {
     BackendError::new(kind, e.to_string())
         .retryable(retryable)
         .with_source(e)
+}
+
+/// Refuses options under which every call would fail (a zero response or connect timeout).
+fn check_timeouts(options: &RedisOptions) -> Result<(), BackendError> {
+    if options.response_timeout.is_zero() || options.connect_timeout.is_zero() {
+        return Err(BackendError::new(
+            BackendErrorKind::Other,
+            "RedisOptions: the response and connect timeouts must be above zero",
+        ));
+    }
+    Ok(())
+}
+
+/// [`RedisOptions::tls`] with a plaintext address.
+fn plaintext_with_tls() -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Other,
+        "RedisOptions::tls needs a TLS address (a rediss:// URL): refused rather than \
+         connecting without TLS",
+    )
 }
 
 /// `client` speaking RESP3, whose connections report their end (`conn`).
@@ -343,11 +378,7 @@ impl RedisBackend {
     ) -> Result<redis::Client, BackendError> {
         let info = client.get_connection_info().clone();
         if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
-            return Err(BackendError::new(
-                BackendErrorKind::Other,
-                "RedisOptions::tls needs a TLS address (a rediss:// URL): refused rather than \
-                 connecting without TLS",
-            ));
+            return Err(plaintext_with_tls());
         }
         redis::Client::build_with_tls(info, tls.redis_certificates()).map_err(map_err)
     }
@@ -371,13 +402,7 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub fn with_client(client: redis::Client, options: RedisOptions) -> Result<Self, BackendError> {
-        if options.response_timeout.is_zero() || options.connect_timeout.is_zero() {
-            // Either would fail every call: refused rather than accepted.
-            return Err(BackendError::new(
-                BackendErrorKind::Other,
-                "RedisOptions: the response and connect timeouts must be above zero",
-            ));
-        }
+        check_timeouts(&options)?;
         let client = match &options.tls {
             Some(tls) => Self::with_certificates(client, tls)?,
             None => client,
@@ -389,18 +414,193 @@ impl RedisBackend {
             crate::tls::install_provider();
         }
         let pool = Arc::new(Pool::new(
-            resp3(client)?,
+            Source::Client(resp3(client)?),
             options.connections,
             options.connect_timeout,
             options.response_timeout,
         ));
         pool.start();
-        Ok(Self {
-            pool,
+        Ok(Self::on(Conn::Node(pool)))
+    }
+
+    /// A backend for the Redis Cluster whose nodes include `seeds` (`redis://host:port` or
+    /// `rediss://host:port` URLs, any of the cluster's nodes: the rest are found through
+    /// them) with `options`.
+    ///
+    /// Each operation is the same one `EVALSHA` as on a single node, sent to the master of its
+    /// key's slot; a bucket lives on one master, and the buckets of many keys spread over all
+    /// of them. `MOVED` and `ASK` (a slot that moved, or is moving, to another master) are
+    /// followed within the caller's deadline, a node's script cache is filled by `EVAL` when
+    /// it answers `NOSCRIPT`, and a command that was sent is never sent again (an I/O error or
+    /// a missing reply after the send is [`BackendErrorKind::InDoubt`], as on a single node).
+    /// The cluster's connections are the `redis` crate's (one multiplexed connection per
+    /// node): [`RedisOptions::connections`] does not apply.
+    ///
+    /// As [`connect`](Self::connect), creating it never waits for the cluster: it connects in
+    /// the background, and until a seed answers every call fails at once with a retryable
+    /// [`BackendErrorKind::Unavailable`]. With [`RedisOptions::tls`] every seed must be a
+    /// `rediss://` URL.
+    ///
+    /// # Errors
+    /// [`BackendErrorKind::Other`] for no seed, a URL the `redis` crate does not read, seeds
+    /// that disagree (credentials, TLS), a `redis://` seed with [`RedisOptions::tls`], and for
+    /// a zero response or connect timeout.
+    ///
+    /// ```no_run
+    /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let seeds = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"];
+    /// let backend = RedisBackend::connect_cluster(seeds, RedisOptions::default()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_cluster<I>(seeds: I, options: RedisOptions) -> Result<Self, BackendError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let mut infos = Vec::new();
+        for seed in seeds {
+            let info =
+                redis::IntoConnectionInfo::into_connection_info(seed.as_ref()).map_err(map_err)?;
+            if options.tls.is_some() && !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
+            {
+                return Err(plaintext_with_tls());
+            }
+            infos.push(info);
+        }
+        if infos.is_empty() {
+            return Err(BackendError::new(
+                BackendErrorKind::Other,
+                "RedisBackend::connect_cluster needs at least one seed URL",
+            ));
+        }
+        Self::with_cluster_builder(redis::cluster::ClusterClientBuilder::new(infos), options)
+    }
+
+    /// A backend on a Redis Cluster client builder of the application's own, with its seed
+    /// nodes, credentials, TLS, TCP and read-routing settings; otherwise as
+    /// [`connect_cluster`](Self::connect_cluster).
+    ///
+    /// It takes the builder rather than a built [`ClusterClient`](redis::cluster::ClusterClient)
+    /// because it must set what a built client cannot change: zero retries (the crate's
+    /// retries would send a command again after an I/O error or a timeout, when it may have
+    /// run; the backend follows `MOVED` and `ASK` itself), RESP3 (a node's connection reports
+    /// its end, to be replaced before the next command), and the timeouts and certificates of
+    /// `options`, which replace the builder's.
+    ///
+    /// # Errors
+    /// [`BackendErrorKind::Other`] for a builder the `redis` crate refuses (no seed, seeds
+    /// that disagree, unreadable certificates) and for a zero response or connect timeout.
+    ///
+    /// ```no_run
+    /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let builder = redis::cluster::ClusterClientBuilder::new(["redis://10.0.0.1:6379"])
+    ///     .username("app")
+    ///     .password("secret");
+    /// let backend = RedisBackend::with_cluster_builder(builder, RedisOptions::default())?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_cluster_builder(
+        builder: redis::cluster::ClusterClientBuilder,
+        options: RedisOptions,
+    ) -> Result<Self, BackendError> {
+        check_timeouts(&options)?;
+        let mut builder = builder
+            .retries(0)
+            .use_protocol(ProtocolVersion::RESP3)
+            .connection_timeout(options.connect_timeout)
+            .response_timeout(options.response_timeout)
+            // Each call is bounded by its caller's deadline instead.
+            .overall_response_timeout(None);
+        if let Some(tls) = &options.tls {
+            builder = builder.certs(tls.redis_certificates());
+        }
+        // The rustls provider the crate's TLS connections (rediss:// seeds) are built with.
+        crate::tls::install_provider();
+        let client = builder.build().map_err(map_err)?;
+        let cluster = Arc::new(Cluster::new(
+            client,
+            options.connect_timeout,
+            options.response_timeout,
+        ));
+        cluster.start();
+        Ok(Self::on(Conn::Cluster(cluster)))
+    }
+
+    /// A backend for the master of the service `master` that the Redis Sentinels at
+    /// `sentinels` (`redis://host:26379` URLs, with the sentinels' own credentials if any)
+    /// monitor, with `options`; otherwise as [`connect`](Self::connect).
+    ///
+    /// Each new connection asks the sentinels for the current master (and checks that it
+    /// says it is one). After a failover the old master's connections end, or it answers as a
+    /// replica (`READONLY`, a refused command: retryable, nothing was written), so the next
+    /// call connects to the promoted replica, without a restart. Until the sentinels name a
+    /// master that answers, calls fail at once with a retryable
+    /// [`BackendErrorKind::Unavailable`]. Replication is asynchronous: writes the old master
+    /// acknowledged and did not pass on before it failed are lost, so its buckets may grant
+    /// again what they had granted (see `docs/distributed.md`).
+    ///
+    /// The master is reached over plaintext RESP3, database 0, without credentials: a master
+    /// with a password or TLS is not supported by this constructor yet.
+    ///
+    /// # Errors
+    /// [`BackendErrorKind::Other`] for no sentinel, a URL the `redis` crate does not read,
+    /// [`RedisOptions::tls`] (not supported here yet) and a zero response or connect timeout.
+    ///
+    /// ```no_run
+    /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let sentinels = ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"];
+    /// let backend = RedisBackend::connect_sentinel(sentinels, "limits", RedisOptions::default()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_sentinel<I>(
+        sentinels: I,
+        master: &str,
+        options: RedisOptions,
+    ) -> Result<Self, BackendError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        check_timeouts(&options)?;
+        if options.tls.is_some() {
+            return Err(BackendError::new(
+                BackendErrorKind::Other,
+                "RedisBackend::connect_sentinel does not support RedisOptions::tls yet",
+            ));
+        }
+        let urls: Vec<String> = sentinels
+            .into_iter()
+            .map(|s| s.as_ref().to_owned())
+            .collect();
+        let sentinel = redis::sentinel::Sentinel::build(urls).map_err(map_err)?;
+        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(
+                redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3),
+            );
+        let pool = Arc::new(Pool::new(
+            Source::Sentinel {
+                sentinel: tokio::sync::Mutex::new(sentinel),
+                master: master.to_owned(),
+                node,
+            },
+            options.connections,
+            options.connect_timeout,
+            options.response_timeout,
+        ));
+        pool.start();
+        Ok(Self::on(Conn::Node(pool)))
+    }
+
+    fn on(conn: Conn) -> Self {
+        Self {
+            conn,
             op: Arc::new(Script::new(OP_SCRIPT)),
             cas: Arc::new(Script::new(CAS_SCRIPT)),
             counters: Arc::new(Counters::default()),
-        })
+        }
     }
 
     /// A snapshot of the counters.
@@ -426,7 +626,35 @@ impl RedisBackend {
     /// When a call without a caller's deadline (`read`, `remove`, a transaction built outside
     /// a manager) gives up: one connect and one response timeout from now.
     fn default_until(&self) -> Instant {
-        Instant::now() + self.pool.connect_timeout() + self.pool.response_timeout()
+        let (connect, response) = match &self.conn {
+            Conn::Node(pool) => (pool.connect_timeout(), pool.response_timeout()),
+            Conn::Cluster(c) => (c.connect_timeout(), c.response_timeout()),
+        };
+        Instant::now() + connect + response
+    }
+
+    /// `deadline` as a reading of the clock of the server that holds `key` ('' without one).
+    async fn server_deadline(
+        &self,
+        key: &StorageKey,
+        deadline: Option<Instant>,
+        until: Instant,
+    ) -> Result<String, BackendError> {
+        match &self.conn {
+            Conn::Node(pool) => Ok(pool.server_deadline(deadline)),
+            Conn::Cluster(c) => {
+                c.server_deadline(key.as_str(), deadline, until, &self.counters.round_trips)
+                    .await
+            }
+        }
+    }
+
+    /// Records a reply for `key` that carried its server's `TIME`.
+    fn observe(&self, key: &StorageKey, seconds: i64, micros: i64, arrived: i64) {
+        match &self.conn {
+            Conn::Node(pool) => pool.observe(seconds, micros, arrived),
+            Conn::Cluster(c) => c.observe(key.as_str(), seconds, micros, arrived),
+        }
     }
 
     /// One command on a live connection (a fresh one when the last has ended), bounded by
@@ -436,18 +664,33 @@ impl RedisBackend {
     /// made. A command that was sent and failed (a reset, a closed connection, no reply in
     /// time) may have run, so it is reported, not re-sent, and its connection is dropped when
     /// the error may have broken it.
-    async fn query(&self, cmd: &redis::Cmd, until: Instant) -> Result<(Value, i64), BackendError> {
-        self.send(cmd, until).await?.map_err(sent_err)
+    async fn query(
+        &self,
+        cmd: &redis::Cmd,
+        key: &StorageKey,
+        until: Instant,
+    ) -> Result<(Value, i64), BackendError> {
+        self.send(cmd, key, until).await?.map_err(sent_err)
     }
 
-    /// [`query`](Self::query) with the server's error as it came.
+    /// [`query`](Self::query) with the server's error as it came. On a cluster the command
+    /// goes to the master of `key`'s slot ([`Cluster::send`]).
     async fn send(
         &self,
         cmd: &redis::Cmd,
+        key: &StorageKey,
         until: Instant,
     ) -> Result<Result<(Value, i64), RedisError>, BackendError> {
-        let slot = self.pool.pick();
-        let live = self.pool.live(slot, until).await?;
+        let pool = match &self.conn {
+            Conn::Node(pool) => pool,
+            Conn::Cluster(c) => {
+                return c
+                    .send(cmd, key.as_str(), until, &self.counters.round_trips)
+                    .await;
+            }
+        };
+        let slot = pool.pick();
+        let live = pool.live(slot, until).await?;
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(BackendError::new(
@@ -462,8 +705,13 @@ impl RedisBackend {
         match reply {
             Ok(Ok(v)) => Ok(Ok((v, arrived))),
             Ok(Err(e)) => {
-                if e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error() {
-                    self.pool.discard(slot, &live).await;
+                // READONLY: a replica now (a failover); the next connection asks the sentinels.
+                if e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_unrecoverable_error()
+                    || e.code() == Some("READONLY")
+                {
+                    pool.discard(slot, &live).await;
                 }
                 Ok(Err(e))
             }
@@ -488,7 +736,7 @@ impl RedisBackend {
         for a in args {
             cmd.arg(*a);
         }
-        match self.send(&cmd, until).await? {
+        match self.send(&cmd, key, until).await? {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // The script cache was flushed (SCRIPT FLUSH, restart, failover): EVAL sends
                 // the source, runs it and caches it again, in one round trip.
@@ -498,7 +746,7 @@ impl RedisBackend {
                 for a in args {
                     cmd.arg(*a);
                 }
-                self.query(&cmd, until).await
+                self.query(&cmd, key, until).await
             }
             r => r.map_err(sent_err),
         }
@@ -521,7 +769,7 @@ impl RedisBackend {
             Some(e) => (b"1", e),
         };
         let until = deadline.unwrap_or_else(|| self.default_until());
-        let server_deadline = self.pool.server_deadline(deadline);
+        let server_deadline = self.server_deadline(key, deadline, until).await?;
         let (reply, _) = self
             .eval(
                 &self.cas,
@@ -629,7 +877,7 @@ impl Backend for RedisBackend {
             lo,
             margin_ms,
             margin_ns,
-            self.pool.server_deadline(deadline),
+            self.server_deadline(key, deadline, until).await?,
         ];
         let ledger: [Vec<u8>; 4] = match id {
             Some(id) => [
@@ -662,7 +910,7 @@ impl Backend for RedisBackend {
         };
         let status = int(items.first()).map_err(|_| garbled("status"))?;
         let field = |i: usize| int(items.get(i)).map_err(|_| garbled("clock"));
-        self.pool.observe(field(3)?, field(4)?, arrived);
+        self.observe(key, field(3)?, field(4)?, arrived);
         let now = (field(1)? << 32) | (field(2)? & 0xffff_ffff);
         match status {
             0 => {
@@ -724,7 +972,7 @@ impl Backend for RedisBackend {
     async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
         let mut cmd = redis::cmd("GET");
         cmd.arg(key.as_str());
-        let (v, _) = self.query(&cmd, self.default_until()).await?;
+        let (v, _) = self.query(&cmd, key, self.default_until()).await?;
         match v {
             Value::Nil => Ok(None),
             Value::BulkString(b) => Ok(Some(b)),
@@ -735,7 +983,7 @@ impl Backend for RedisBackend {
     async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
         let mut cmd = redis::cmd("DEL");
         cmd.arg(key.as_str());
-        let (v, _) = self.query(&cmd, self.default_until()).await?;
+        let (v, _) = self.query(&cmd, key, self.default_until()).await?;
         Ok(int(Some(&v))? > 0)
     }
 

@@ -76,6 +76,16 @@ impl ClockOffset {
         self.lock().since.is_some()
     }
 
+    /// Forgets the bound: the server is another machine now (a failover), whose clock the
+    /// next observation measures afresh.
+    #[cfg(feature = "redis")]
+    pub(crate) fn forget(&self) {
+        *self.lock() = Bound {
+            best: 0,
+            since: None,
+        };
+    }
+
     /// An estimate of the server's clock now, in µs since the epoch: slightly behind it (by
     /// the transit of the reply the bound came from).
     #[cfg(feature = "postgres")]
@@ -155,6 +165,26 @@ mod tests {
             (after - before - 5_000_000).abs() < 100_000,
             "{}",
             after - before
+        );
+    }
+
+    /// After a failover to another machine the old server's bound is forgotten: the next
+    /// observation is taken whatever it says, even a looser (smaller) bound.
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_forgotten_bound_is_replaced_by_the_next_observation() {
+        let offset = ClockOffset::new();
+        let hour = 3_600_000_000i64;
+        offset.observe(1_700_000_000_000_000 + hour, 1_700_000_000_000_000);
+        assert!(offset.is_observed());
+        assert_eq!(offset.lock().best, hour);
+        offset.forget();
+        assert!(!offset.is_observed());
+        offset.observe(1_700_000_000_000_000 - hour, 1_700_000_000_000_000);
+        assert_eq!(
+            offset.lock().best,
+            -hour,
+            "the new server's clock, an hour behind"
         );
     }
 }

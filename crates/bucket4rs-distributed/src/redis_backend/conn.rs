@@ -65,13 +65,65 @@ impl Drop for Watch {
     }
 }
 
+/// Where a pool's connections go: one address, or the current master of a service that
+/// Redis Sentinel monitors.
+pub(super) enum Source {
+    /// The client's address.
+    Client(redis::Client),
+    /// The master the sentinels name for `master`, asked again for every new connection:
+    /// after a failover the old master's connections end (or it answers `READONLY`, which
+    /// drops the connection too), and the next connection goes to the promoted replica.
+    Sentinel {
+        sentinel: tokio::sync::Mutex<redis::sentinel::Sentinel>,
+        master: String,
+        /// How the master is connected to (RESP3, for its connections to report their end).
+        node: redis::sentinel::SentinelNodeConnectionInfo,
+    },
+}
+
+impl Source {
+    /// The client of the address to connect to now, asking the sentinels if need be within
+    /// `left` (a failure is retryable: nothing was sent).
+    async fn client(&self, left: Duration) -> Result<redis::Client, BackendError> {
+        let (sentinel, master, node) = match self {
+            Self::Client(client) => return Ok(client.clone()),
+            Self::Sentinel {
+                sentinel,
+                master,
+                node,
+            } => (sentinel, master, node),
+        };
+        let ask = async {
+            let mut sentinel = sentinel.lock().await;
+            sentinel.async_master_for(master, Some(node)).await
+        };
+        match tokio::time::timeout(left, ask).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e)) => Err(BackendError::new(
+                BackendErrorKind::Unavailable,
+                format!("the sentinels name no reachable master for {master:?}: {e}"),
+            )
+            .retryable(true)
+            .with_source(e)),
+            Err(_) => Err(BackendError::new(
+                BackendErrorKind::Unavailable,
+                format!("the sentinels named no master for {master:?} within {left:?}"),
+            )
+            .retryable(true)),
+        }
+    }
+}
+
 pub(super) struct Pool {
-    client: redis::Client,
+    source: Source,
     slots: Box<[tokio::sync::Mutex<Option<Live>>]>,
     next: AtomicUsize,
     connect_timeout: Duration,
     response_timeout: Duration,
     skew: ClockOffset,
+    /// The address the last connection went to ([`Source::Sentinel`] changes it on a
+    /// failover: the clock estimate is then measured afresh).
+    server: std::sync::Mutex<Option<redis::ConnectionAddr>>,
 }
 
 fn unavailable_within(budget: Duration) -> BackendError {
@@ -111,13 +163,13 @@ impl Pool {
     /// A pool whose slots have no connection yet: nothing is sent until [`start`](Self::start)
     /// or the first command.
     pub(super) fn new(
-        client: redis::Client,
+        source: Source,
         connections: usize,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Self {
         Self {
-            client,
+            source,
             slots: (0..connections.max(1))
                 .map(|_| tokio::sync::Mutex::new(None))
                 .collect(),
@@ -125,6 +177,7 @@ impl Pool {
             connect_timeout,
             response_timeout,
             skew: ClockOffset::new(),
+            server: std::sync::Mutex::new(None),
         }
     }
 
@@ -180,10 +233,23 @@ impl Pool {
             return Ok(live.clone());
         }
         *current = None;
+        let client = self
+            .source
+            .client(until.saturating_duration_since(Instant::now()))
+            .await?;
+        {
+            let addr = client.get_connection_info().addr().clone();
+            let mut last = self.server.lock().unwrap_or_else(|p| p.into_inner());
+            if last.as_ref().is_some_and(|l| *l != addr) {
+                // Another machine, another clock: its TIME is read before the first command.
+                self.skew.forget();
+            }
+            *last = Some(addr);
+        }
         let mut left = until
             .saturating_duration_since(Instant::now())
             .min(self.connect_timeout);
-        let tls = match self.client.get_connection_info().addr() {
+        let tls = match client.get_connection_info().addr() {
             redis::ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
             _ => None,
         };
@@ -199,9 +265,7 @@ impl Pool {
             .set_connection_timeout(None)
             .set_response_timeout(Some(self.response_timeout))
             .set_push_sender(Watch(Arc::clone(&dead)));
-        let connect = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config);
+        let connect = client.get_multiplexed_async_connection_with_config(&config);
         let conn = match tokio::time::timeout(left, connect).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => {

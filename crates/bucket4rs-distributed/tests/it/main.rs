@@ -20,9 +20,13 @@ mod redis;
 #[cfg(feature = "redis")]
 mod redis_boundary;
 #[cfg(feature = "redis")]
+mod redis_cluster;
+#[cfg(feature = "redis")]
 mod redis_faults;
 #[cfg(feature = "redis")]
 mod redis_kit;
+#[cfg(feature = "redis")]
+mod redis_sentinel;
 #[cfg(feature = "redis")]
 mod redis_tls;
 mod waits;
