@@ -173,51 +173,6 @@ do
     V[i] = v
   end
   TAIL_END = pos
-  -- (tokens, remainder) pairs of refill units; {-1, 0} (a level only) is infinite: nil
-  local function units(at, i, infinite)
-    local t, r = small(at), small(at + 8)
-    if t == nil or r == nil then return false end
-    if infinite and t == -1 and r == 0 then return nil end
-    local per = small(13 + 56 * (i - 1) + 24)
-    if t < 0 or r < 0 or r >= per then return false end
-    return {t, r}
-  end
-  if pos + 1 > #rec then return client() end
-  local m = struct.unpack('>I2', rec, pos)
-  pos = pos + 2
-  if m > 0 then
-    if pos + 16 * n - 1 > #rec then return client() end
-    for i = 1, n do
-      local v = units(pos, i, false)
-      if not v then return client() end
-      BASE[i] = v
-      pos = pos + 16
-    end
-  end
-  if pos + m * (24 + 32 * n) - 1 > #rec then return client() end
-  for k = 1, m do
-    local seq, exp = small(pos + 8), small(pos + 16)
-    if seq == nil or exp == nil then return client() end
-    local x = {owner = string.sub(rec, pos, pos + 7), seq = seq, exp = exp, tk = {}, lv = {}}
-    pos = pos + 24
-    for i = 1, n do
-      local tk, lv = units(pos, i, false), units(pos + 16, i, true)
-      if not tk or lv == false then return client() end
-      x.tk[i], x.lv[i] = tk, lv
-      pos = pos + 32
-    end
-    E[k] = x
-  end
-  if pos + 1 > #rec then return client() end
-  local kt = struct.unpack('>I2', rec, pos)
-  pos = pos + 2
-  if pos + 24 * kt ~= #rec + 1 then return client() end
-  for k = 1, kt do
-    local seq, exp = small(pos + 8), small(pos + 16)
-    if seq == nil or exp == nil then return client() end
-    T[k] = {owner = string.sub(rec, pos, pos + 7), seq = seq, exp = exp}
-    pos = pos + 24
-  end
   sum = fnv(sum, string.sub(rec, 13 + 56 * n, TAIL_END - 1))
   if sum ~= struct.unpack('>I4', rec, 9) then return client() end
 end
@@ -333,6 +288,70 @@ local function request_wait(tokens)
   return W
 end
 
+-- The ledger after the tail, into BASE, E and T, checked as the decoder checks it; false when
+-- it is not one (the client decodes it and reports the error). Parsed only by a write (a read
+-- returns the record to the client, which decodes it all). One unpack per entry.
+local function parse_ledger()
+  local pos = TAIL_END
+  -- (h, l) halves as an exact number, or nil outside +-(2^53 - 1)
+  local function v(h, l)
+    if h >= 2097152 or h < -2097152 then return nil end
+    local x = h * P32 + l
+    if x <= -LIM then return nil end
+    return x
+  end
+  -- a (tokens, remainder) pair of bandwidth i: false when invalid, nil for {-1, 0} if allowed
+  local function pair(i, th, tl, rh, rl, infinite)
+    local t, r = v(th, tl), v(rh, rl)
+    if t == nil or r == nil then return false end
+    if infinite and t == -1 and r == 0 then return nil end
+    if t < 0 or r < 0 or r >= B[i].p then return false end
+    return {t, r}
+  end
+  if pos + 1 > #rec then return false end
+  local m = struct.unpack('>I2', rec, pos)
+  pos = pos + 2
+  if m > 0 then
+    if pos + 16 * n - 1 > #rec then return false end
+    for i = 1, n do
+      local th, tl, rh, rl = struct.unpack('>i4I4i4I4', rec, pos)
+      local x = pair(i, th, tl, rh, rl, false)
+      if not x then return false end
+      BASE[i] = x
+      pos = pos + 16
+    end
+  end
+  if pos + m * (24 + 32 * n) - 1 > #rec then return false end
+  local fmt = '>c8i4I4i4I4' .. string.rep('i4I4i4I4i4I4i4I4', n)
+  for k = 1, m do
+    local f = {struct.unpack(fmt, rec, pos)}
+    local seq, exp = v(f[2], f[3]), v(f[4], f[5])
+    if seq == nil or exp == nil then return false end
+    local x = {owner = f[1], seq = seq, exp = exp, tk = {}, lv = {}}
+    for i = 1, n do
+      local j = 6 + 8 * (i - 1)
+      local tk = pair(i, f[j], f[j + 1], f[j + 2], f[j + 3], false)
+      local lv = pair(i, f[j + 4], f[j + 5], f[j + 6], f[j + 7], true)
+      if not tk or lv == false then return false end
+      x.tk[i], x.lv[i] = tk, lv
+    end
+    E[k] = x
+    pos = pos + 24 + 32 * n
+  end
+  if pos + 1 > #rec then return false end
+  local kt = struct.unpack('>I2', rec, pos)
+  pos = pos + 2
+  if pos + 24 * kt ~= #rec + 1 then return false end
+  for k = 1, kt do
+    local owner, sh, sl, eh, el = struct.unpack('>c8i4I4i4I4', rec, pos)
+    local seq, exp = v(sh, sl), v(eh, el)
+    if seq == nil or exp == nil then return false end
+    T[k] = {owner = owner, seq = seq, exp = exp}
+    pos = pos + 24
+  end
+  return true
+end
+
 local wrote = false
 local gives, added = false, 0
 for j = 1, #cmds do
@@ -397,6 +416,7 @@ end
 
 -- the ledger (see the header and ledger.rs), serialized into LEDGER
 local LEDGER
+if not parse_ledger() then return client() end
 if ARGV[9] == nil or ARGV[9] == '' then
   LEDGER = string.sub(rec, TAIL_END)
 else
@@ -501,10 +521,23 @@ else
   local function pair(v) if v == nil then return i64(-1) .. i64(0) end return i64(v[1]) .. i64(v[2]) end
   local out = {struct.pack('>I2', #E)}
   if #E > 0 then for i = 1, n do out[#out + 1] = pair(BASE[i]) end end
+  -- halves of a value, appended to `a`
+  local function halves(a, x)
+    local h = math.floor(x / P32)
+    a[#a + 1] = h
+    a[#a + 1] = x - h * P32
+  end
+  local fmt = '>c8i4I4i4I4' .. string.rep('i4I4i4I4i4I4i4I4', n)
   for k = 1, #E do
     local x = E[k]
-    out[#out + 1] = x.owner .. i64(x.seq) .. i64(x.exp)
-    for i = 1, n do out[#out + 1] = pair(x.tk[i]) .. pair(x.lv[i]) end
+    local a = {x.owner}
+    halves(a, x.seq)
+    halves(a, x.exp)
+    for i = 1, n do
+      local tk, lv = x.tk[i], x.lv[i] or {-1, 0}
+      halves(a, tk[1]); halves(a, tk[2]); halves(a, lv[1]); halves(a, lv[2])
+    end
+    out[#out + 1] = struct.pack(fmt, unpack(a))
   end
   local first = 1
   if #T > 32 then first = #T - 31 end
