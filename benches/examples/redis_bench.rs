@@ -46,11 +46,14 @@ async fn run(
         .expect("manager");
     let config = BucketConfiguration::builder()
         .add_bandwidth(
-            // Never exhausted in a run, and a consumed token takes 1000 s to come back, so
-            // keys do not expire mid-run (they would be recreated: two round trips).
+            // Never exhausted in a run; one token a second comes back, and the warm-up takes
+            // 1,000 from every key, so keys do not expire mid-run (they would be recreated:
+            // two round trips). Slower refill puts the script's TTL (the wait for the deficit)
+            // beyond what doubles hold exactly on a hot key, and every write then goes the
+            // client's compare-and-set path, which 16 unbatched clients lose (Conflict).
             Bandwidth::builder()
                 .capacity(1_000_000_000)
-                .refill_greedy(1_000, Duration::from_secs(1_000_000))
+                .refill_greedy(1_000, Duration::from_secs(1_000))
                 .build()
                 .expect("bandwidth"),
         )
@@ -65,10 +68,10 @@ async fn run(
                 .expect("bucket")
         })
         .collect();
-    // Create every key first (creation takes a second round trip). Consume a token so the
+    // Create every key first (creation takes a second round trip). Consume 1,000 tokens so the
     // key's TTL is long: a full bucket may expire after the margin, and would be recreated.
     for b in &buckets {
-        b.try_consume(1).await.expect("warm-up");
+        b.try_consume(1_000).await.expect("warm-up");
     }
     let buckets = Arc::new(buckets);
     let stop = Arc::new(AtomicBool::new(false));
