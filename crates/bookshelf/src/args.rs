@@ -19,6 +19,16 @@ pub enum Store {
     Embedded,
     /// Redis at this URL: instances share limits.
     Redis(String),
+    /// A Redis Cluster reached through these seed URLs (`--redis-cluster URL,URL,…`).
+    RedisCluster(Vec<String>),
+    /// The Redis master these sentinels name (`--redis-sentinel URL,URL,… --sentinel-master
+    /// NAME`): calls follow a failover.
+    RedisSentinel {
+        /// The sentinels' URLs.
+        sentinels: Vec<String>,
+        /// The monitored master's name.
+        master: String,
+    },
     /// PostgreSQL at this URL: instances share limits.
     Postgres(String),
     /// This SQLite file: limits survive a restart; instances on this machine share them.
@@ -85,8 +95,12 @@ pub struct Args {
     pub addr: SocketAddr,
     /// `--plans FILE` (default: the shipped `plans.toml`).
     pub plans: Option<String>,
-    /// `--redis URL` / `--postgres URL` / `--sqlite FILE`.
+    /// `--redis URL` / `--redis-cluster URLS` / `--redis-sentinel URLS --sentinel-master NAME`
+    /// / `--postgres URL` / `--sqlite FILE`.
     pub store: Store,
+    /// `--tls-ca FILE`, `--tls-cert FILE --tls-key FILE`: a private CA to trust and a client
+    /// certificate for Redis over TLS (`rediss://`).
+    pub tls: TlsFiles,
     /// `--key-prefix P`: the storage key prefix (default `bookshelf`).
     pub key_prefix: String,
     /// `--max-keys N`: the in-process store's key cap (default 1,000,000; not 0).
@@ -110,6 +124,34 @@ pub struct Args {
     pub help: bool,
 }
 
+/// The certificate files of `--tls-ca`, `--tls-cert` and `--tls-key`.
+///
+/// ```
+/// let a = bookshelf::Args::parse(["--redis", "rediss://cache:6380", "--tls-ca", "ca.pem"].map(String::from))?;
+/// assert_eq!(a.tls.ca.as_deref(), Some("ca.pem"));
+/// # Ok::<(), bookshelf::ArgsError>(())
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// A PEM file of CA certificates trusted besides the platform's roots.
+    pub ca: Option<String>,
+    /// A PEM certificate chain presented to the server (mutual TLS), with `key`.
+    pub cert: Option<String>,
+    /// The PEM private key of `cert`.
+    pub key: Option<String>,
+}
+
+impl TlsFiles {
+    /// Whether any file was given.
+    ///
+    /// ```
+    /// assert!(!bookshelf::TlsFiles::default().any());
+    /// ```
+    pub fn any(&self) -> bool {
+        self.ca.is_some() || self.cert.is_some() || self.key.is_some()
+    }
+}
+
 /// A command-line error.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ArgsError(String);
@@ -126,8 +168,11 @@ impl core::error::Error for ArgsError {}
 pub const USAGE: &str = "\
 bookshelf: the Bookshelf API, rate-limited by bucket4rs-tower
 
-USAGE: bookshelf [--addr HOST:PORT] [--plans FILE] [--redis URL | --postgres URL | --sqlite FILE]
-                 [--key-prefix P] [--max-keys N] [--backend-timeout D]
+USAGE: bookshelf [--addr HOST:PORT] [--plans FILE]
+                 [--redis URL | --redis-cluster URL,URL,... |
+                  --redis-sentinel URL,URL,... --sentinel-master NAME |
+                  --postgres URL | --sqlite FILE]
+                 [--tls-ca FILE] [--tls-cert FILE --tls-key FILE] [--key-prefix P] [--max-keys N] [--backend-timeout D]
                  [--on-backend-failure error|deny|fallback:RATE] [--connections N]
                  [--key api-key|ip] [--trusted-proxy CIDR]...
                  [--header-timeout D] [--idle-timeout D] [--max-connections N]
@@ -135,7 +180,18 @@ USAGE: bookshelf [--addr HOST:PORT] [--plans FILE] [--redis URL | --postgres URL
 
   --addr HOST:PORT      listen here (default 127.0.0.1:8080)
   --plans FILE          plans file (default: the shipped plans.toml)
-  --redis URL           keep buckets in Redis, shared by every instance
+  --redis URL           keep buckets in Redis, shared by every instance (rediss:// for TLS)
+  --redis-cluster URL,URL,...
+                        keep buckets in a Redis Cluster reached through these seed nodes
+  --redis-sentinel URL,URL,...
+                        keep buckets in the Redis master these sentinels name (with
+                        --sentinel-master NAME); calls follow a failover
+  --sentinel-master NAME
+                        the master's name in the sentinels' configuration
+  --tls-ca FILE         trust the CA certificates in this PEM file besides the platform's
+                        roots (Redis over TLS; for PostgreSQL: ?sslrootcert=FILE in the URL)
+  --tls-cert FILE       present this PEM certificate chain to Redis (mutual TLS), with
+  --tls-key FILE        its PEM private key
   --postgres URL        keep buckets in PostgreSQL, shared by every instance (TLS:
                         ?sslmode=verify-full&sslrootcert=FILE, as libpq reads them)
   --sqlite FILE         keep buckets in this SQLite file: kept across restarts, shared by
@@ -246,7 +302,9 @@ impl Args {
             serve: ServeOptions::default(),
             no_limit: false,
             help: false,
+            tls: TlsFiles::default(),
         };
+        let mut sentinel_master = None;
         let mut it = args.into_iter();
         while let Some(flag) = it.next() {
             let (flag, inline) = match flag.split_once('=') {
@@ -269,6 +327,17 @@ impl Args {
                 }
                 "--plans" => out.plans = Some(value(f)?),
                 "--redis" => out.store = Store::Redis(value(f)?),
+                "--redis-cluster" => out.store = Store::RedisCluster(urls(f, &value(f)?)?),
+                "--redis-sentinel" => {
+                    out.store = Store::RedisSentinel {
+                        sentinels: urls(f, &value(f)?)?,
+                        master: String::new(),
+                    };
+                }
+                "--sentinel-master" => sentinel_master = Some(value(f)?),
+                "--tls-ca" => out.tls.ca = Some(value(f)?),
+                "--tls-cert" => out.tls.cert = Some(value(f)?),
+                "--tls-key" => out.tls.key = Some(value(f)?),
                 "--postgres" => out.store = Store::Postgres(value(f)?),
                 "--sqlite" => out.store = Store::Sqlite(value(f)?),
                 "--key-prefix" => out.key_prefix = value(f)?,
@@ -350,8 +419,51 @@ impl Args {
             }
         }
         out.serve.unlimited = out.trusted_proxies.clone();
+        match (&mut out.store, sentinel_master) {
+            (Store::RedisSentinel { master, .. }, Some(name)) => *master = name,
+            (Store::RedisSentinel { .. }, None) => {
+                return Err(ArgsError(
+                    "--redis-sentinel needs --sentinel-master NAME".to_owned(),
+                ));
+            }
+            (_, Some(_)) => {
+                return Err(ArgsError(
+                    "--sentinel-master goes with --redis-sentinel".to_owned(),
+                ));
+            }
+            (_, None) => {}
+        }
+        if out.tls.cert.is_some() != out.tls.key.is_some() {
+            return Err(ArgsError("--tls-cert and --tls-key go together".to_owned()));
+        }
+        if out.tls.any()
+            && !matches!(
+                out.store,
+                Store::Redis(_) | Store::RedisCluster(_) | Store::RedisSentinel { .. }
+            )
+        {
+            return Err(ArgsError(
+                "--tls-ca, --tls-cert and --tls-key are for Redis (PostgreSQL reads \
+                 sslrootcert, sslcert and sslkey from its URL)"
+                    .to_owned(),
+            ));
+        }
         Ok(out)
     }
+}
+
+/// A comma-separated list of URLs (`--redis-cluster`, `--redis-sentinel`).
+fn urls(flag: &str, list: &str) -> Result<Vec<String>, ArgsError> {
+    let urls: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if urls.is_empty() {
+        return Err(ArgsError(format!("{flag} needs at least one URL")));
+    }
+    Ok(urls)
 }
 
 /// Reads the plans: `path`, or the shipped default.
@@ -380,6 +492,68 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Args, ArgsError> {
         Args::parse(args.iter().map(|s| (*s).to_owned()))
+    }
+
+    #[test]
+    fn the_cluster_sentinel_and_tls_flags_are_read_and_checked() {
+        let a = parse(&["--redis-cluster", "redis://a:1, redis://b:2,redis://c:3"]).unwrap();
+        assert_eq!(
+            a.store,
+            Store::RedisCluster(vec![
+                "redis://a:1".into(),
+                "redis://b:2".into(),
+                "redis://c:3".into()
+            ])
+        );
+        let a = parse(&[
+            "--redis-sentinel=redis://s1:26379,redis://s2:26379",
+            "--sentinel-master",
+            "limits",
+        ])
+        .unwrap();
+        assert_eq!(
+            a.store,
+            Store::RedisSentinel {
+                sentinels: vec!["redis://s1:26379".into(), "redis://s2:26379".into()],
+                master: "limits".into()
+            }
+        );
+        let a = parse(&[
+            "--redis",
+            "rediss://cache:6380",
+            "--tls-ca",
+            "ca.pem",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "c.key",
+        ])
+        .unwrap();
+        assert_eq!(a.tls.ca.as_deref(), Some("ca.pem"));
+        assert!(a.tls.any());
+        for (bad, says) in [
+            (
+                &["--redis-sentinel", "redis://s:1"][..],
+                "needs --sentinel-master",
+            ),
+            (
+                &["--sentinel-master", "m"][..],
+                "goes with --redis-sentinel",
+            ),
+            (&["--redis-cluster", " , "][..], "at least one URL"),
+            (
+                &["--redis", "rediss://x", "--tls-cert", "c.pem"][..],
+                "go together",
+            ),
+            (
+                &["--postgres", "postgres://x", "--tls-ca", "ca.pem"][..],
+                "sslrootcert",
+            ),
+            (&["--tls-ca", "ca.pem"][..], "are for Redis"),
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -38,7 +38,7 @@ mod serve;
 mod store;
 
 pub use args::{
-    Args, ArgsError, KeyBy, MAX_BACKEND_CONNECTIONS, OnFailure, Store, USAGE, load_plans,
+    Args, ArgsError, KeyBy, MAX_BACKEND_CONNECTIONS, OnFailure, Store, TlsFiles, USAGE, load_plans,
 };
 pub use serve::{MAX_CONNECTIONS, ServeOptions, serve_with};
 pub use store::{App, app_from};

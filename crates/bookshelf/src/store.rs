@@ -5,7 +5,7 @@ use core::time::Duration;
 use axum::Router;
 use bucket4rs_distributed::{
     Backend, PostgresBackend, PostgresOptions, ProxyManager, RedisBackend, RedisOptions,
-    SqliteBackend, SqliteOptions,
+    SqliteBackend, SqliteOptions, TlsOptions,
 };
 use bucket4rs_tower::{PlanTable, RateLimit, RateLimitLayer};
 
@@ -47,10 +47,7 @@ pub async fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), St
             Ok((app, "in-process".into()))
         }
         Store::Redis(url) => {
-            let mut options = RedisOptions::default();
-            if let Some(n) = args.connections {
-                options = options.connections(n);
-            }
+            let options = redis_options(args)?;
             // Created at once: the backend connects in the background, and until Redis
             // answers its calls fail, which the failure policy answers.
             let client = bucket4rs_distributed::redis::Client::open(url.as_str())
@@ -58,6 +55,27 @@ pub async fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), St
             let backend =
                 RedisBackend::with_client(client, options).map_err(|e| format!("--redis: {e}"))?;
             Ok((shared(args, backend, plans)?, format!("Redis at {url}")))
+        }
+        Store::RedisCluster(seeds) => {
+            let backend = RedisBackend::connect_cluster(seeds, redis_options(args)?)
+                .await
+                .map_err(|e| format!("--redis-cluster: {e}"))?;
+            Ok((
+                shared(args, backend, plans)?,
+                format!("Redis Cluster at {}", seeds.join(",")),
+            ))
+        }
+        Store::RedisSentinel { sentinels, master } => {
+            let backend = RedisBackend::connect_sentinel(sentinels, master, redis_options(args)?)
+                .await
+                .map_err(|e| format!("--redis-sentinel: {e}"))?;
+            Ok((
+                shared(args, backend, plans)?,
+                format!(
+                    "Redis master {master:?} of the sentinels {}",
+                    sentinels.join(",")
+                ),
+            ))
         }
         Store::Postgres(url) => {
             let mut options = PostgresOptions::default();
@@ -96,6 +114,29 @@ pub async fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), St
             Ok((shared(args, backend, plans)?, format!("SQLite file {file}")))
         }
     }
+}
+
+/// The Redis options of the command line: connections and certificates (a certificate file
+/// that cannot be read stops the server at start; a server whose certificate is refused is
+/// an outage, answered by the failure policy).
+fn redis_options(args: &Args) -> Result<RedisOptions, String> {
+    let mut options = RedisOptions::default();
+    if let Some(n) = args.connections {
+        options = options.connections(n);
+    }
+    if args.tls.any() {
+        let mut tls = TlsOptions::default();
+        if let Some(ca) = &args.tls.ca {
+            tls = tls.ca_file(ca).map_err(|e| format!("--tls-ca: {e}"))?;
+        }
+        if let (Some(cert), Some(key)) = (&args.tls.cert, &args.tls.key) {
+            tls = tls
+                .client_identity_files(cert, key)
+                .map_err(|e| format!("--tls-cert / --tls-key: {e}"))?;
+        }
+        options = options.tls(tls);
+    }
+    Ok(options)
 }
 
 /// Creates the bucket table once PostgreSQL answers (retrying: 250 ms, doubling up to 5 s),

@@ -674,3 +674,48 @@ fn the_binary_serves_and_stops_on_sigterm() {
     out.read_to_string(&mut rest).unwrap();
     assert!(rest.contains("Bookshelf API stopped."), "{rest}");
 }
+
+/// `--redis-cluster` and `--redis-sentinel` build their backends at once, stores down or
+/// not (calls then get the failure policy's answer); a certificate file that cannot be read
+/// stops the start with the flag's name.
+#[tokio::test]
+async fn cluster_and_sentinel_stores_start_while_down_and_a_bad_ca_file_is_named() {
+    let plans = || bookshelf::load_plans(None).unwrap();
+    let args = |a: &[&str]| bookshelf::Args::parse(a.iter().map(|s| (*s).to_owned())).unwrap();
+    let (_, store) = bookshelf::app_from(
+        &args(&["--redis-cluster", "redis://127.0.0.1:1,redis://127.0.0.1:2"]),
+        plans(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        store,
+        "Redis Cluster at redis://127.0.0.1:1,redis://127.0.0.1:2"
+    );
+    let (_, store) = bookshelf::app_from(
+        &args(&[
+            "--redis-sentinel",
+            "redis://127.0.0.1:1",
+            "--sentinel-master",
+            "limits",
+        ]),
+        plans(),
+    )
+    .await
+    .unwrap();
+    assert!(store.contains("\"limits\""), "{store}");
+    let missing = std::env::temp_dir().join("bookshelf-no-such-ca.pem");
+    let e = bookshelf::app_from(
+        &args(&[
+            "--redis",
+            "rediss://127.0.0.1:1",
+            "--tls-ca",
+            missing.to_str().unwrap(),
+        ]),
+        plans(),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert!(e.starts_with("--tls-ca:"), "{e}");
+}
