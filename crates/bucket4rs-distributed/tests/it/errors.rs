@@ -190,42 +190,67 @@ fn every_failure_says_whether_it_was_applied() {
     });
 }
 
+/// A manager over a [`Failing`] backend on a manual clock, and its bucket `key` of 100 tokens
+/// that do not come back during a test.
+fn settling(
+    timeout: Duration,
+    key: &str,
+) -> (
+    Arc<Failing>,
+    ProxyManager<Arc<Failing>>,
+    bucket4rs_distributed::RemoteBucket<Arc<Failing>>,
+) {
+    let backend = Arc::new(Failing::default());
+    let manager = ProxyManager::configure(Arc::clone(&backend))
+        .time_source(TimeSource::client(ManualClock::new(0)))
+        .timeout(timeout)
+        .build()
+        .unwrap();
+    let b = manager
+        .builder()
+        .build(key, || simple(100, Duration::from_secs(1_000_000)))
+        .unwrap();
+    (backend, manager, b)
+}
+
+/// Waits (at most 5 s) until `manager` has settled every call in doubt, with nobody calling.
+async fn until_settled(manager: &ProxyManager<Arc<Failing>>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while manager.unsettled() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not settled within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The record of `b`'s key as stored (not through the manager, which would settle).
+async fn stored(
+    backend: &Failing,
+    b: &bucket4rs_distributed::RemoteBucket<Arc<Failing>>,
+) -> bucket4rs_distributed::format::Record {
+    let bytes = backend.read(b.key()).await.unwrap().unwrap();
+    bucket4rs_distributed::format::decode(&bytes).unwrap()
+}
+
 /// A call in doubt on a key that sees no more traffic is settled by the manager's background
 /// task: what it took comes back without another call on the key.
 #[test]
 fn a_call_in_doubt_is_settled_in_the_background() {
     let rt = runtime();
-    let backend = Arc::new(Failing::default());
-    let manager = ProxyManager::configure(Arc::clone(&backend))
-        .time_source(TimeSource::client(ManualClock::new(0)))
-        .timeout(Duration::from_millis(150))
-        .build()
-        .unwrap();
-    let b = manager
-        .builder()
-        .build("idle", || simple(100, Duration::from_secs(1_000_000)))
-        .unwrap();
+    let (backend, manager, b) = settling(Duration::from_millis(150), "idle");
     rt.block_on(async {
         assert!(b.try_consume(5).await.unwrap());
         backend.set(Fail::LostReply);
         assert!(b.try_consume(7).await.unwrap_err().is_in_doubt());
-        let stored = || async {
-            let bytes = backend.read(b.key()).await.unwrap().unwrap();
-            bucket4rs_distributed::format::decode(&bytes).unwrap()
-        };
-        assert_eq!(stored().await.state.bandwidths()[0].tokens(), 88, "applied");
+        let applied = stored(&backend, &b).await;
+        assert_eq!(applied.state.bandwidths()[0].tokens(), 88, "applied");
         assert_eq!(manager.unsettled(), 1);
         // The store answers again; nobody calls the key.
         backend.set(Fail::No);
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while manager.unsettled() > 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "not settled within 5 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let record = stored().await;
+        until_settled(&manager).await;
+        let record = stored(&backend, &b).await;
         assert_eq!(
             record.state.bandwidths()[0].tokens(),
             95,
@@ -244,30 +269,14 @@ fn a_call_in_doubt_is_settled_in_the_background() {
 #[test]
 fn a_call_dropped_in_flight_is_settled_and_frees_the_ledger() {
     let rt = runtime();
-    let backend = Arc::new(Failing::default());
-    let manager = ProxyManager::configure(Arc::clone(&backend))
-        .time_source(TimeSource::client(ManualClock::new(0)))
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    let b = manager
-        .builder()
-        .build("dropped", || simple(100, Duration::from_secs(1_000_000)))
-        .unwrap();
+    let (backend, manager, b) = settling(Duration::from_secs(10), "dropped");
     rt.block_on(async {
         backend.set(Fail::Hang);
         let dropped = tokio::time::timeout(Duration::from_millis(50), b.try_consume(3)).await;
         assert!(dropped.is_err(), "still in flight when dropped");
         assert_eq!(manager.unsettled(), 1);
         backend.set(Fail::No);
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while manager.unsettled() > 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "not settled within 5 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until_settled(&manager).await;
         assert_eq!(
             b.available_tokens().await.unwrap(),
             100,
@@ -276,10 +285,7 @@ fn a_call_dropped_in_flight_is_settled_and_frees_the_ledger() {
         for _ in 0..10 {
             assert!(b.try_consume(1).await.unwrap());
         }
-        let bytes = backend.read(b.key()).await.unwrap().unwrap();
-        let ledger = bucket4rs_distributed::format::decode(&bytes)
-            .unwrap()
-            .ledger;
+        let ledger = stored(&backend, &b).await.ledger;
         assert!(ledger.len() <= 2, "{ledger:?}");
     });
 }
