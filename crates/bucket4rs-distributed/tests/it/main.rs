@@ -14,6 +14,8 @@ mod common;
 mod custom_backend;
 mod embedded;
 mod errors;
+#[cfg(feature = "redis")]
+mod failover;
 mod golden;
 #[cfg(feature = "redis")]
 mod redis;

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use bucket4rs_distributed::{BackendErrorKind, ProxyManager, RedisBackend, RedisOptions};
 use bucket4rs_testkit::BackendKit;
-use std::sync::Mutex;
 
 use crate::certs::Certs;
 use crate::common::{patient, simple, unique_prefix};
+use crate::failover::{Counted, Load};
 
 /// A node of `CLUSTER NODES`.
 #[derive(Clone, Debug)]
@@ -660,52 +660,19 @@ fn fault_cluster_master_killed_under_load_fails_over_to_its_replica() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let (_, old) = cluster.master_of(probe.key().as_str());
-        let stop = Arc::new(AtomicBool::new(false));
-        let granted = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(AtomicU64::new(0));
-        let killed_at: Arc<Mutex<Option<Instant>>> = Arc::default();
-        let first_after: Arc<Mutex<Option<Instant>>> = Arc::default();
-        let mut tasks = Vec::new();
-        for manager in &managers {
-            let b = manager.builder().build("hot", config).unwrap();
-            let (stop, granted, failed) =
-                (Arc::clone(&stop), Arc::clone(&granted), Arc::clone(&failed));
-            let (killed_at, first_after) = (Arc::clone(&killed_at), Arc::clone(&first_after));
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::Acquire) {
-                    let t = Instant::now();
-                    match b.try_consume(1).await {
-                        Ok(true) => {
-                            granted.fetch_add(1, Ordering::Relaxed);
-                            let killed = *killed_at.lock().unwrap();
-                            if killed.is_some_and(|k| t > k) {
-                                first_after.lock().unwrap().get_or_insert(Instant::now());
-                            }
-                        }
-                        Ok(false) => panic!("denied with tokens left"),
-                        Err(_) => {
-                            failed.fetch_add(1, Ordering::Relaxed);
-                            assert!(
-                                t.elapsed() < Duration::from_secs(2),
-                                "a failed call took {:?}, past its deadline",
-                                t.elapsed()
-                            );
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    }
-                }
-            }));
-        }
-        while granted.load(Ordering::Relaxed) < 500 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let granted_before = granted.load(Ordering::Relaxed);
+        let load = Load::start(
+            managers
+                .iter()
+                .map(|m| m.builder().build("hot", config).unwrap())
+                .collect(),
+        );
+        load.until_granted(500).await;
+        let granted_before = load.granted();
         tokio::task::block_in_place(|| cluster.kill(old.port));
-        let killed = Instant::now();
-        *killed_at.lock().unwrap() = Some(killed);
+        let killed = load.killed();
         let deadline = killed + Duration::from_secs(30);
         let alive = cluster.alive();
-        while first_after.lock().unwrap().is_none() {
+        while !load.succeeded_after_kill() {
             assert!(
                 Instant::now() < deadline,
                 "no success within 30 s of the kill; the cluster as :{alive} sees it:\n{}",
@@ -713,18 +680,12 @@ fn fault_cluster_master_killed_under_load_fails_over_to_its_replica() {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        stop.store(true, Ordering::Release);
-        for t in tasks {
-            t.await.unwrap();
-        }
-        let first = first_after
-            .lock()
-            .unwrap()
-            .expect("a success after the kill");
-        let granted = granted.load(Ordering::Relaxed);
+        let Counted {
+            granted,
+            failed,
+            first_after_kill: first,
+        } = load.stop().await;
         let left = u64::try_from(probe.available_tokens().await.unwrap()).expect("not in debt");
-        let failed = failed.load(Ordering::Relaxed);
         let over = (granted + left).saturating_sub(capacity);
         let under = capacity.saturating_sub(granted + left);
         let (_, new) = cluster.master_of(probe.key().as_str());

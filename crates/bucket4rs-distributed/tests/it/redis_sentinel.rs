@@ -3,13 +3,12 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bucket4rs_distributed::{ProxyManager, RedisBackend, RedisOptions};
 
 use crate::common::{simple, unique_prefix};
+use crate::failover::{Counted, Load};
 use crate::redis_cluster::cli;
 
 const SERVICE: &str = "limits";
@@ -219,50 +218,16 @@ fn fault_sentinel_failover_under_load_moves_to_the_promoted_replica() {
             assert!(Instant::now() < setup, "the backend never reached the master");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let granted = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(AtomicU64::new(0));
-        let killed_at: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
-        let first_after: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
-        let mut tasks = Vec::new();
-        for _ in 0..4 {
-            let b = manager.builder().build("hot", config).unwrap();
-            let (stop, granted, failed) =
-                (Arc::clone(&stop), Arc::clone(&granted), Arc::clone(&failed));
-            let (killed_at, first_after) = (Arc::clone(&killed_at), Arc::clone(&first_after));
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::Acquire) {
-                    let t = Instant::now();
-                    match b.try_consume(1).await {
-                        Ok(true) => {
-                            granted.fetch_add(1, Ordering::Relaxed);
-                            let killed = *killed_at.lock().unwrap();
-                            if killed.is_some_and(|k| t > k) {
-                                first_after.lock().unwrap().get_or_insert(Instant::now());
-                            }
-                        }
-                        Ok(false) => panic!("denied with tokens left"),
-                        Err(_) => {
-                            failed.fetch_add(1, Ordering::Relaxed);
-                            assert!(
-                                t.elapsed() < Duration::from_secs(2),
-                                "a failed call took {:?}, past its deadline",
-                                t.elapsed()
-                            );
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    }
-                }
-            }));
-        }
-        while granted.load(Ordering::Relaxed) < 500 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let load = Load::start(
+            (0..4)
+                .map(|_| manager.builder().build("hot", config).unwrap())
+                .collect(),
+        );
+        load.until_granted(500).await;
         let old = servers.master;
-        let granted_before = granted.load(Ordering::Relaxed);
+        let granted_before = load.granted();
         tokio::task::block_in_place(|| servers.kill_master());
-        let killed = Instant::now();
-        *killed_at.lock().unwrap() = Some(killed);
+        let killed = load.killed();
         let deadline = killed + Duration::from_secs(20);
         let promoted = loop {
             let named = tokio::task::block_in_place(|| servers.named_master());
@@ -273,7 +238,7 @@ fn fault_sentinel_failover_under_load_moves_to_the_promoted_replica() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         loop {
-            if first_after.lock().unwrap().is_some() {
+            if load.succeeded_after_kill() {
                 break;
             }
             assert!(
@@ -284,15 +249,12 @@ fn fault_sentinel_failover_under_load_moves_to_the_promoted_replica() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // Some more calls on the new master, then the tally.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        stop.store(true, Ordering::Release);
-        for t in tasks {
-            t.await.unwrap();
-        }
-        let first = first_after.lock().unwrap().expect("a success after the kill");
-        let granted = granted.load(Ordering::Relaxed);
+        let Counted {
+            granted,
+            failed,
+            first_after_kill: first,
+        } = load.stop().await;
         let left = u64::try_from(probe.available_tokens().await.unwrap()).expect("not in debt");
-        let failed = failed.load(Ordering::Relaxed);
         let over = (granted + left).saturating_sub(capacity);
         let under = capacity.saturating_sub(granted + left);
         println!(
