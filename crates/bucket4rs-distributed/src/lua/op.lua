@@ -290,7 +290,10 @@ end
 
 -- The ledger after the tail, into BASE, E and T, checked as the decoder checks it; false when
 -- it is not one (the client decodes it and reports the error). Parsed only by a write (a read
--- returns the record to the client, which decodes it all). One unpack per entry.
+-- returns the record to the client, which decodes it all). One unpack per entry; an entry's
+-- taken amounts and levels become tables only when a write changes them (`load`), and an
+-- entry left as it was is written back as the bytes it was read from.
+local ENTRY = 24 + 32 * n
 local function parse_ledger()
   local pos = TAIL_END
   -- (h, l) halves as an exact number, or nil outside +-(2^53 - 1)
@@ -300,13 +303,13 @@ local function parse_ledger()
     if x <= -LIM then return nil end
     return x
   end
-  -- a (tokens, remainder) pair of bandwidth i: false when invalid, nil for {-1, 0} if allowed
-  local function pair(i, th, tl, rh, rl, infinite)
+  -- whether (th, tl, rh, rl) is a valid (tokens, remainder) pair of bandwidth i ({-1, 0},
+  -- infinite, too if allowed)
+  local function valid(i, th, tl, rh, rl, infinite)
     local t, r = v(th, tl), v(rh, rl)
     if t == nil or r == nil then return false end
-    if infinite and t == -1 and r == 0 then return nil end
-    if t < 0 or r < 0 or r >= B[i].p then return false end
-    return {t, r}
+    if infinite and t == -1 and r == 0 then return true end
+    return t >= 0 and r >= 0 and r < B[i].p
   end
   if pos + 1 > #rec then return false end
   local m = struct.unpack('>I2', rec, pos)
@@ -315,28 +318,26 @@ local function parse_ledger()
     if pos + 16 * n - 1 > #rec then return false end
     for i = 1, n do
       local th, tl, rh, rl = struct.unpack('>i4I4i4I4', rec, pos)
-      local x = pair(i, th, tl, rh, rl, false)
-      if not x then return false end
-      BASE[i] = x
+      if not valid(i, th, tl, rh, rl, false) then return false end
+      BASE[i] = {th * P32 + tl, rh * P32 + rl}
       pos = pos + 16
     end
   end
-  if pos + m * (24 + 32 * n) - 1 > #rec then return false end
+  if pos + m * ENTRY - 1 > #rec then return false end
   local fmt = '>c8i4I4i4I4' .. string.rep('i4I4i4I4i4I4i4I4', n)
   for k = 1, m do
     local f = {struct.unpack(fmt, rec, pos)}
     local seq, exp = v(f[2], f[3]), v(f[4], f[5])
     if seq == nil or exp == nil then return false end
-    local x = {owner = f[1], seq = seq, exp = exp, tk = {}, lv = {}}
     for i = 1, n do
       local j = 6 + 8 * (i - 1)
-      local tk = pair(i, f[j], f[j + 1], f[j + 2], f[j + 3], false)
-      local lv = pair(i, f[j + 4], f[j + 5], f[j + 6], f[j + 7], true)
-      if not tk or lv == false then return false end
-      x.tk[i], x.lv[i] = tk, lv
+      if not valid(i, f[j], f[j + 1], f[j + 2], f[j + 3], false)
+          or not valid(i, f[j + 4], f[j + 5], f[j + 6], f[j + 7], true) then
+        return false
+      end
     end
-    E[k] = x
-    pos = pos + 24 + 32 * n
+    E[k] = {owner = f[1], seq = seq, exp = exp, at = pos, f = f}
+    pos = pos + ENTRY
   end
   if pos + 1 > #rec then return false end
   local kt = struct.unpack('>I2', rec, pos)
@@ -422,8 +423,29 @@ if ARGV[9] == nil or ARGV[9] == '' then
 else
   local owner, seq, floor = ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11])
   local nowq = nh * 4096 + math.floor(nl / 1048576)
-  local function get(p, i) if p == 0 then return BASE[i] end return E[p].lv[i] end
-  local function set(p, i, v) if p == 0 then BASE[i] = v else E[p].lv[i] = v end end
+  -- an entry's taken amounts and levels as tables (nil: an infinite level), once needed
+  local function load(x)
+    if x.tk then return end
+    x.tk, x.lv = {}, {}
+    local f = x.f
+    for i = 1, n do
+      local j = 6 + 8 * (i - 1)
+      x.tk[i] = {f[j] * P32 + f[j + 1], f[j + 2] * P32 + f[j + 3]}
+      local lt = f[j + 4] * P32 + f[j + 5]
+      if lt ~= -1 then x.lv[i] = {lt, f[j + 6] * P32 + f[j + 7]} end
+    end
+  end
+  local function get(p, i)
+    if p == 0 then return BASE[i] end
+    load(E[p])
+    return E[p].lv[i]
+  end
+  local function set(p, i, v)
+    if p == 0 then BASE[i] = v return end
+    load(E[p])
+    E[p].lv[i] = v
+    E[p].dirty = true
+  end
   local function less(a, b) -- a < b, nil being infinite
     if a == nil then return false end
     if b == nil then return true end
@@ -431,6 +453,7 @@ else
   end
   -- forget entry q: its level merges into the one below
   local function forget(q)
+    load(E[q])
     for i = 1, n do
       local above = E[q].lv[i]
       if less(above, get(q - 1, i)) then set(q - 1, i, above) end
@@ -510,7 +533,8 @@ else
     end
     if any then
       if #E == 0 then for i = 1, n do BASE[i] = {0, 0} end end
-      E[#E + 1] = {owner = owner, seq = seq, exp = nowq + tonumber(ARGV[12]), tk = tk, lv = {}}
+      E[#E + 1] = {owner = owner, seq = seq, exp = nowq + tonumber(ARGV[12]), tk = tk, lv = {},
+        dirty = true}
     end
   end
   while #E > 32 do forget(1) end
@@ -530,14 +554,18 @@ else
   local fmt = '>c8i4I4i4I4' .. string.rep('i4I4i4I4i4I4i4I4', n)
   for k = 1, #E do
     local x = E[k]
-    local a = {x.owner}
-    halves(a, x.seq)
-    halves(a, x.exp)
-    for i = 1, n do
-      local tk, lv = x.tk[i], x.lv[i] or {-1, 0}
-      halves(a, tk[1]); halves(a, tk[2]); halves(a, lv[1]); halves(a, lv[2])
+    if x.dirty then
+      local a = {x.owner}
+      halves(a, x.seq)
+      halves(a, x.exp)
+      for i = 1, n do
+        local tk, lv = x.tk[i], x.lv[i] or {-1, 0}
+        halves(a, tk[1]); halves(a, tk[2]); halves(a, lv[1]); halves(a, lv[2])
+      end
+      out[#out + 1] = struct.pack(fmt, unpack(a))
+    else
+      out[#out + 1] = string.sub(rec, x.at, x.at + ENTRY - 1)
     end
-    out[#out + 1] = struct.pack(fmt, unpack(a))
   end
   local first = 1
   if #T > 32 then first = #T - 31 end

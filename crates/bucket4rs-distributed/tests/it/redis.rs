@@ -594,3 +594,59 @@ fn a_backend_on_the_applications_own_client_keeps_its_limits() {
         assert!(manager.remove("k").await.unwrap());
     });
 }
+
+/// The ledger of several managers on one key (one entry each, levels that caps and adds
+/// move, entries forgotten below each owner's floor) is kept by the script exactly as the core
+/// keeps it: the backend checks every fast-path write byte for byte (an `Inconsistent` error
+/// otherwise), and every answer is the core's.
+#[test]
+fn lua_ledger_of_several_managers_is_the_cores() {
+    runtime().block_on(async {
+        let mut rng = rand::rng();
+        let prefix = unique_prefix("ledger");
+        let mut fast = 0;
+        for case in 0..40 {
+            let config = random_config(&mut rng);
+            let clock = ManualClock::new(rng.random_range(0..=1i64 << 40));
+            let mut managers = Vec::new();
+            for _ in 0..rng.random_range(2..=6) {
+                let backend = backend().await;
+                managers.push((
+                    backend.clone(),
+                    ProxyManager::configure(backend)
+                        .key_prefix(&prefix)
+                        .time_source(TimeSource::client(clock.clone()))
+                        .build()
+                        .unwrap(),
+                ));
+            }
+            let key = format!("k{case}");
+            let mut state: Option<BucketState> = None;
+            for step in 0..30 {
+                clock.advance_nanos(if rng.random_bool(0.5) {
+                    rng.random_range(0..=3_000_000_000)
+                } else {
+                    rng.random_range(0..=10)
+                });
+                let (backend, manager) = &managers[rng.random_range(0..managers.len())];
+                let c = config.clone();
+                let bucket = manager
+                    .builder()
+                    .build(key.clone(), move || c.clone())
+                    .unwrap();
+                let now = clock.now_nanos();
+                let s = state.get_or_insert_with(|| BucketState::new(&config, now));
+                let op = random_op(&mut rng);
+                let expected = core_result(op, &config, s, now);
+                let fast_before = backend.stats().fast_path;
+                let got = remote_result(op, &bucket).await;
+                assert_eq!(
+                    got, expected,
+                    "case {case} step {step}: {op:?} on {config:?}"
+                );
+                fast += backend.stats().fast_path - fast_before;
+            }
+        }
+        assert!(fast > 200, "the script ran {fast} of the writes");
+    });
+}
