@@ -31,6 +31,12 @@ pub(crate) struct Counted {
     pub(crate) failed: u64,
     /// The first success of a call that started after [`Load::killed`].
     pub(crate) first_after_kill: Instant,
+    /// Tokens left in the probed bucket after the stop.
+    pub(crate) left: u64,
+    /// Granted and left beyond the capacity (over-granted), and short of it (taken by calls
+    /// in doubt at the kill).
+    pub(crate) over: u64,
+    pub(crate) under: u64,
 }
 
 impl Load {
@@ -97,18 +103,29 @@ impl Load {
         self.tally.first_after.lock().unwrap().is_some()
     }
 
-    /// Lets the tasks run 300 ms more (calls on the new master), stops them, and counts.
-    pub(crate) async fn stop(self) -> Counted {
+    /// Lets the tasks run 300 ms more (calls on the new master), stops them, and counts,
+    /// reading what is left through `probe`, a bucket of `capacity` on the same key.
+    pub(crate) async fn stop<B: Backend>(self, probe: &RemoteBucket<B>, capacity: u64) -> Counted {
         tokio::time::sleep(Duration::from_millis(300)).await;
         self.tally.stop.store(true, Ordering::Release);
         for t in self.tasks {
             t.await.unwrap();
         }
-        let first = self.tally.first_after.lock().unwrap();
+        let first = self
+            .tally
+            .first_after
+            .lock()
+            .unwrap()
+            .expect("a success after the kill");
+        let granted = self.tally.granted.load(Ordering::Relaxed);
+        let left = u64::try_from(probe.available_tokens().await.unwrap()).expect("not in debt");
         Counted {
-            granted: self.tally.granted.load(Ordering::Relaxed),
+            granted,
             failed: self.tally.failed.load(Ordering::Relaxed),
-            first_after_kill: first.expect("a success after the kill"),
+            first_after_kill: first,
+            left,
+            over: (granted + left).saturating_sub(capacity),
+            under: capacity.saturating_sub(granted + left),
         }
     }
 }

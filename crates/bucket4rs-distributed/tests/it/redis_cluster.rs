@@ -684,10 +684,10 @@ fn fault_cluster_master_killed_under_load_fails_over_to_its_replica() {
             granted,
             failed,
             first_after_kill: first,
-        } = load.stop().await;
-        let left = u64::try_from(probe.available_tokens().await.unwrap()).expect("not in debt");
-        let over = (granted + left).saturating_sub(capacity);
-        let under = capacity.saturating_sub(granted + left);
+            left,
+            over,
+            under,
+        } = load.stop(&probe, capacity).await;
         let (_, new) = cluster.master_of(probe.key().as_str());
         let new_port = new.port;
         println!(

@@ -253,10 +253,10 @@ fn fault_sentinel_failover_under_load_moves_to_the_promoted_replica() {
             granted,
             failed,
             first_after_kill: first,
-        } = load.stop().await;
-        let left = u64::try_from(probe.available_tokens().await.unwrap()).expect("not in debt");
-        let over = (granted + left).saturating_sub(capacity);
-        let under = capacity.saturating_sub(granted + left);
+            left,
+            over,
+            under,
+        } = load.stop(&probe, capacity).await;
         println!(
             "fault: sentinel failover (master :{old} killed -9 under 4 tasks, down-after 1 s): \
              first success {:.0} ms after the kill; the promotion seen by a 20 ms poll of \
