@@ -82,6 +82,12 @@ pub enum Command {
     },
     /// `replace_configuration(..)`: only through [`Transaction::apply`].
     ReplaceConfiguration,
+    /// Takes up to `n` tokens (as many as every bandwidth has, without debt) into a lease
+    /// that this manager serves its callers from (see
+    /// [`ManagerBuilder::leasing`](crate::ManagerBuilder::leasing)); taken only while the
+    /// record's ledger has room for the lease's entry. Only through [`Transaction::apply`]:
+    /// a native path that does not know it computes the transaction with `apply`.
+    Lease(u64),
     /// Several operations of one key applied in arrival order in one transaction (the
     /// manager's request batching, see [`ManagerBuilder::max_batch`](crate::ManagerBuilder::max_batch));
     /// the operations are listed by [`Transaction::batch`]. A backend without a native
@@ -99,7 +105,7 @@ pub enum Command {
 /// ```
 /// use bucket4rs_distributed::OperationId;
 /// let id = OperationId::default();
-/// assert!(id.settles.is_empty());
+/// assert!(id.settles.is_empty() && id.returns.is_empty());
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -114,6 +120,11 @@ pub struct OperationId {
     /// Operations of the same owner on this key whose calls are in doubt, to settle before
     /// this one runs.
     pub settles: Vec<u64>,
+    /// Leases of the same owner on this key that ended, each with what it did not use, to
+    /// give back before this one runs: `(seq, per bandwidth in refill units)` (tokens ×
+    /// refill period in nanoseconds, plus the remainder). See `docs/distributed.md`, "Hot
+    /// keys: batching and leasing".
+    pub returns: Vec<(u64, Vec<u128>)>,
     /// How long the record keeps the entry, in units of 2^20 ns of the bucket's clock.
     pub window: i64,
 }

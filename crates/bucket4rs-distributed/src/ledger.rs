@@ -36,7 +36,7 @@
 //! (`add_tokens`) is not taken back.
 
 use bucket4rs_core::ops::Refilled;
-use bucket4rs_core::{Bandwidth, BandwidthState, BucketState, RefillKind};
+use bucket4rs_core::{Bandwidth, BandwidthState, BucketConfiguration, BucketState, RefillKind};
 
 use crate::backend::{Command, OperationId};
 use crate::format::{Ledger, LedgerEntry, Level, Record, Tombstone};
@@ -123,6 +123,29 @@ fn capped(l: &mut Ledger, b: &Bandwidth, i: usize, x_plus: i128) {
     }
 }
 
+/// `tokens` in refill units, per bandwidth of `config` (what a lease of `tokens` took from
+/// each).
+pub(crate) fn units_of(config: &BucketConfiguration, tokens: u64) -> Vec<u128> {
+    config
+        .bandwidths()
+        .iter()
+        .map(|b| u128::from(tokens) * b.refill_period().as_nanos())
+        .collect()
+}
+
+/// Per bandwidth, the refill units that refilling `state` to `now` loses to the capacity
+/// (zero where it stays below, or does not refill).
+pub(crate) fn overflow(config: &BucketConfiguration, state: &BucketState, now: i64) -> Vec<u128> {
+    config
+        .bandwidths()
+        .iter()
+        .zip(state.bandwidths())
+        .map(|(b, s)| {
+            unclamped(b, s, now).map_or(0, |x| u128::try_from(x - cap_units(b)).unwrap_or(0))
+        })
+        .collect()
+}
+
 /// Forgets entry `j` (0-based) with `u_j = 0`: its level merges into the one below.
 fn forget(l: &mut Ledger, j: usize) {
     let n = l.base.len();
@@ -137,15 +160,18 @@ fn forget(l: &mut Ledger, j: usize) {
     }
 }
 
-/// Settles entry `j` (0-based): `u_j = n_j`, then the state rises by the smallest level.
-fn settle(record: &mut Record, j: usize) {
+/// Gives entry `j` (0-based) back in part and forgets it: `u_j = g_i` on bandwidth `i` (`g`
+/// is `give(i, taken_i)`, at most what it took), then the state rises by the smallest level.
+/// A settlement gives back everything it took; a lease's return what it did not use.
+fn give_back(record: &mut Record, j: usize, give: impl Fn(usize, i128) -> i128) {
     let n = record.config.bandwidths().len();
     let k = record.ledger.entries.len();
     for i in 0..n {
         let mut lv: Vec<Level> = (0..=k).map(|p| *level(&mut record.ledger, p, i)).collect();
         let taken = record.ledger.entries[j].taken[i];
+        let given = give(i, taken).clamp(0, taken.max(0));
         for v in &mut lv[..=j] {
-            *v = v.map(|r| r.saturating_add(taken));
+            *v = v.map(|r| r.saturating_add(given));
         }
         lv[j] = min(lv[j], lv[j + 1]);
         lv.remove(j + 1);
@@ -197,8 +223,15 @@ fn forget_where(l: &mut Ledger, drop: impl Fn(&LedgerEntry) -> bool) {
 }
 
 /// Before the operations: forgets expired entries, refuses an operation already seen, moves
-/// every level through the refill to `now`, then settles what `id` lists (on the state
-/// refilled to `now`, which then replaces the stored one).
+/// every level through the refill to `now`, then makes the returns and settlements `id`
+/// lists (on the state refilled to `now`, which then replaces the stored one).
+///
+/// A transaction that returns or settles finds entries past their expiry that no write has
+/// forgotten yet, and forgets them after: an entry stays exact for as long as it is in the
+/// record (forgetting first or last commutes with the levels' refill), so a lease returned
+/// after a clock jump with no other write in between gives back what it did not use. The
+/// Redis script never returns or settles, so its order (forget first) is this one's for
+/// every transaction it runs.
 pub(crate) fn before(
     record: &mut Record,
     id: &OperationId,
@@ -206,7 +239,10 @@ pub(crate) fn before(
 ) -> Result<Prepared, AlreadySeen> {
     let nowq = now >> SHIFT;
     let n = record.config.bandwidths().len();
-    forget_where(&mut record.ledger, |e| e.expires <= nowq);
+    let settling = !id.settles.is_empty() || !id.returns.is_empty();
+    if !settling {
+        forget_where(&mut record.ledger, |e| e.expires <= nowq);
+    }
     record.ledger.tombstones.retain(|t| t.expires > nowq);
     if seen(&record.ledger, id.owner, id.seq) {
         return Err(AlreadySeen);
@@ -225,23 +261,40 @@ pub(crate) fn before(
             capped(&mut record.ledger, b, i, x_plus);
         }
     }
-    if id.settles.is_empty() {
+    let find = |l: &Ledger, seq: u64| {
+        l.entries
+            .iter()
+            .position(|e| e.owner == id.owner && e.seq == seq)
+    };
+    let returns = id
+        .returns
+        .iter()
+        .any(|(seq, _)| find(&record.ledger, *seq).is_some());
+    if id.settles.is_empty() && !returns {
         // The stored state stays as it is: whether the operations change it decides the
         // write, exactly as without a ledger (and as the Redis script does).
+        forget_where(&mut record.ledger, |e| e.expires <= nowq);
         return Ok(Prepared {
             start: refilled,
             changed: false,
         });
     }
     record.state = BucketState::from_bandwidths(refilled);
+    // A lease's return: what it did not use goes back, and the entry is forgotten (the rest
+    // was used). A return whose entry is gone (expired, or pushed out of a full ledger) gives
+    // nothing back: less, never more.
+    for (seq, unused) in &id.returns {
+        if let Some(j) = find(&record.ledger, *seq) {
+            give_back(record, j, |i, _| {
+                unused
+                    .get(i)
+                    .map_or(0, |&u| i128::try_from(u).unwrap_or(i128::MAX))
+            });
+        }
+    }
     for &seq in &id.settles {
-        if let Some(j) = record
-            .ledger
-            .entries
-            .iter()
-            .position(|e| e.owner == id.owner && e.seq == seq)
-        {
-            settle(record, j);
+        if let Some(j) = find(&record.ledger, seq) {
+            give_back(record, j, |_, taken| taken);
         } else if seen(&record.ledger, id.owner, seq) {
             continue;
         }
@@ -251,6 +304,7 @@ pub(crate) fn before(
             expires: expiry(id, now),
         });
     }
+    forget_where(&mut record.ledger, |e| e.expires <= nowq);
     let over = record.ledger.tombstones.len().saturating_sub(MAX_ENTRIES);
     record.ledger.tombstones.drain(..over);
     Ok(Prepared {
@@ -336,7 +390,9 @@ pub(crate) fn after(
 mod tests {
     use super::*;
     use bucket4rs_core::BucketConfiguration;
-    use bucket4rs_core::ops::{AddTokens, ConsumeIgnoringRateLimits, TryConsume};
+    use bucket4rs_core::ops::{
+        AddTokens, ConsumeIgnoringRateLimits, TryConsume, TryConsumeAsMuchAsPossible,
+    };
     use core::time::Duration;
     use rand::{Rng, SeedableRng};
 
@@ -349,6 +405,7 @@ mod tests {
         Consume(u64),
         Add(u64),
         Ignore(u64),
+        Lease(u64),
     }
 
     fn command(op: Op) -> Command {
@@ -356,6 +413,7 @@ mod tests {
             Op::Consume(n) => Command::TryConsume(n),
             Op::Add(n) => Command::AddTokens(n),
             Op::Ignore(n) => Command::ConsumeIgnoringRateLimits(n),
+            Op::Lease(n) => Command::Lease(n),
         }
     }
 
@@ -365,6 +423,7 @@ mod tests {
             seq,
             floor,
             settles,
+            returns: Vec::new(),
             window: 1 << 40,
         }
     }
@@ -388,6 +447,12 @@ mod tests {
                         .apply(&r.config, now, &ConsumeIgnoringRateLimits(n))
                         .unwrap();
                     true
+                }
+                Op::Lease(n) => {
+                    r.state
+                        .apply(&r.config, now, &TryConsumeAsMuchAsPossible(Some(n)))
+                        .unwrap()
+                        > 0
                 }
             };
             r.state != before
@@ -493,6 +558,134 @@ mod tests {
             settled_any += usize::from(!failed.is_empty());
         }
         assert!(settled_any > 1_000);
+    }
+
+    /// A lease's return is exact: operations at random times on random configurations, some
+    /// of them leases (`Command::Lease`: as many tokens as every bandwidth has, up to a size)
+    /// whose unused part is returned at a random later moment (in any order, before or after
+    /// other leases' returns, with consumptions, additions and refills in between). After the
+    /// last return the state is the one every call leaves when each lease took only what it
+    /// used, at the moment it took it: to the token and the remainder. (Returning the unused
+    /// part "capped at capacity" instead over-gives whenever the bucket would have been full
+    /// in between without the lease; this test fails for that rule.)
+    #[test]
+    fn returning_a_lease_leaves_the_state_as_if_it_had_taken_only_what_it_used() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+        let mut returned_any = 0;
+        for case in 0..3_000 {
+            let mut b = bucket4rs_core::Bandwidth::builder().capacity(rng.random_range(1..=60));
+            let tokens = rng.random_range(1..=7);
+            let period = Duration::from_nanos(rng.random_range(10..=1_000));
+            b = if rng.random_bool(0.5) {
+                b.refill_greedy(tokens, period)
+            } else {
+                b.refill_intervally(tokens, period)
+            };
+            let mut builder = BucketConfiguration::builder().add_bandwidth(b.build().unwrap());
+            if rng.random_bool(0.3) {
+                builder = builder.add_bandwidth(
+                    bucket4rs_core::Bandwidth::simple(
+                        rng.random_range(1..=80),
+                        Duration::from_nanos(rng.random_range(100..=3_000)),
+                    )
+                    .unwrap(),
+                );
+            }
+            let config = builder.build().unwrap();
+            let mut now = 0i64;
+            let mut bytes = format::encode(&config, &BucketState::new(&config, now));
+            let mut shadow = BucketState::new(&config, now);
+            // Live leases: (seq, unused part to return, in refill units per bandwidth).
+            let mut live: Vec<(u64, Vec<u128>)> = Vec::new();
+            let len = rng.random_range(1..=30);
+            let effect = |shadow: &mut BucketState, op: Op, now: i64| {
+                let mut s = format::encode(&config, shadow);
+                run(&mut s, &id(0, 0, Vec::new()), op, now);
+                *shadow = format::decode(&s).unwrap().state;
+            };
+            let mut seq = 0;
+            while seq < len || !live.is_empty() {
+                seq += 1;
+                now += rng.random_range(0..=400);
+                let mut returns = Vec::new();
+                if seq > len || rng.random_bool(0.3) {
+                    while !live.is_empty() && (seq > len || rng.random_bool(0.5)) {
+                        returns.push(live.swap_remove(rng.random_range(0..live.len())));
+                    }
+                }
+                let floor = live.iter().map(|(q, _)| *q).min().unwrap_or(seq);
+                let mut op_id = id(seq, floor, Vec::new());
+                op_id.returns = returns;
+                let op = match rng.random_range(0..10) {
+                    _ if seq > len => Op::Consume(0),
+                    0 => Op::Add(rng.random_range(1..=20)),
+                    1 => Op::Ignore(rng.random_range(1..=10)),
+                    2..=5 => Op::Lease(rng.random_range(1..=30)),
+                    _ => Op::Consume(rng.random_range(1..=10)),
+                };
+                let took = run_lease(&mut bytes, &op_id, op, now);
+                match (op, took) {
+                    (Op::Lease(_), m) if m > 0 => {
+                        let unused = rng.random_range(0..=m);
+                        live.push((seq, units_of(&config, unused)));
+                        if m > unused {
+                            effect(&mut shadow, Op::Ignore(m - unused), now);
+                        }
+                    }
+                    (Op::Consume(n) | Op::Ignore(n), 1) => effect(&mut shadow, Op::Ignore(n), now),
+                    (Op::Add(n), 1) => effect(&mut shadow, Op::Add(n), now),
+                    _ => {}
+                }
+                returned_any += usize::from(!op_id.returns.is_empty());
+            }
+            let record = format::decode(&bytes).unwrap();
+            let tokens = |s: &BucketState| -> Vec<(i64, i64)> {
+                let r = Refilled::new(&config, now, |i| s.bandwidths()[i]);
+                (0..config.bandwidths().len())
+                    .map(|i| (r.get(i).tokens(), r.get(i).remainder()))
+                    .collect()
+            };
+            assert_eq!(
+                tokens(&record.state),
+                tokens(&shadow),
+                "case {case}: {config:?}"
+            );
+        }
+        assert!(returned_any > 3_000);
+    }
+
+    /// [`run`] for the lease test: a lease takes as many tokens as it can (up to its size);
+    /// what an operation took (a lease), or 1 when it took effect. `Consume(0)` only returns.
+    fn run_lease(bytes: &mut Vec<u8>, id: &OperationId, op: Op, now: i64) -> u64 {
+        let Op::Lease(n) = op else {
+            if matches!(op, Op::Consume(0)) {
+                let cmd = [Command::AvailableTokens];
+                let w = apply_bytes(Some(bytes), now, Duration::ZERO, Some((id, &cmd)), |_| {
+                    false
+                })
+                .unwrap();
+                if let Write::Put { record, .. } = w {
+                    *bytes = record;
+                }
+                return 0;
+            }
+            return u64::from(run(bytes, id, op, now));
+        };
+        let cmd = [Command::Lease(n)];
+        let mut took = 0;
+        let w = apply_bytes(Some(bytes), now, Duration::ZERO, Some((id, &cmd)), |r| {
+            let r = r.as_mut().unwrap();
+            took = r
+                .state
+                .apply(&r.config, now, &TryConsumeAsMuchAsPossible(Some(n)))
+                .unwrap();
+            took > 0
+        })
+        .unwrap();
+        if let Write::Put { record, .. } = w {
+            *bytes = record;
+        }
+        took
     }
 
     fn ledger_settle(record: &mut Record, id: &OperationId, now: i64) {

@@ -80,7 +80,7 @@ pub use embedded::EmbeddedBackend;
 pub use error::{BackendError, BackendErrorKind, DistributedError, FormatError, KeyError};
 pub use key::StorageKey;
 pub use manager::{
-    BlockingRemoteBucket, CircuitBreaker, ManagerBuilder, ProxyManager, RemoteBucket,
+    BlockingRemoteBucket, CircuitBreaker, Leasing, ManagerBuilder, ProxyManager, RemoteBucket,
     RemoteBucketBuilder, RetryPolicy, TimeSource,
 };
 #[cfg(feature = "postgres")]

@@ -860,10 +860,11 @@ impl Backend for RedisBackend {
         // ARGV[1..3]: the command (code 11 and, from ARGV[13], one triple per operation for
         // a batch); ARGV[4..8]: clock, TTL margin, deadline on the server's clock; ARGV[9..12]:
         // the operation id for the record's ledger (owner as 8 bytes, seq, floor, window).
-        // Settlements are made by the client (code 0): they are rare, and the ledger
-        // arithmetic they need stays in one place.
+        // Settlements and lease returns are made by the client (code 0), as are leases
+        // (`Command::Lease`, code 0 too): they are rare, and the ledger arithmetic they need
+        // stays in one place.
         let id = tx.operation();
-        let settling = id.is_some_and(|id| !id.settles.is_empty());
+        let settling = id.is_some_and(|id| !id.settles.is_empty() || !id.returns.is_empty());
         let command = |c: Command| {
             if settling {
                 ["0".to_owned(), String::new(), String::new()]

@@ -14,8 +14,8 @@ use bucket4rs_core::{
     TokensInheritanceStrategy, Verbose, VerboseResult,
 };
 
-use super::ProxyManager;
 use super::batch::{self, not_run};
+use super::{Leasing, ProxyManager};
 use crate::backend::{Backend, Command};
 use crate::error::DistributedError;
 use crate::key::StorageKey;
@@ -42,6 +42,7 @@ fn nanos(d: Duration) -> u64 {
 pub struct RemoteBucketBuilder<B> {
     pub(super) manager: ProxyManager<B>,
     pub(super) listener: Option<SharedListener>,
+    pub(super) leasing: Option<Leasing>,
 }
 
 impl<B: fmt::Debug> fmt::Debug for RemoteBucketBuilder<B> {
@@ -49,11 +50,33 @@ impl<B: fmt::Debug> fmt::Debug for RemoteBucketBuilder<B> {
         f.debug_struct("RemoteBucketBuilder")
             .field("manager", &self.manager)
             .field("listener", &self.listener.is_some())
+            .field("leasing", &self.leasing)
             .finish()
     }
 }
 
 impl<B: Backend> RemoteBucketBuilder<B> {
+    /// Leasing for this bucket (`None`: off), whatever the manager's
+    /// ([`ManagerBuilder::leasing`](super::ManagerBuilder::leasing)): its calls are served in
+    /// this process from blocks of tokens taken from the shared bucket, with no over-grant
+    /// (see [`Leasing`]). Every bucket of a key in one manager shares the key's lease; the
+    /// settings of the first one that leases it hold. [`build`](Self::build) refuses
+    /// settings that can only break things.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// use bucket4rs_distributed::{EmbeddedBackend, Leasing, ProxyManager};
+    /// # use std::time::Duration;
+    /// # let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10_000, Duration::from_secs(1))?).build()?;
+    /// let hot = manager.builder().leasing(Some(Leasing::new())).build("global", move || config.clone())?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn leasing(mut self, leasing: Option<Leasing>) -> Self {
+        self.leasing = leasing;
+        self
+    }
+
     /// The listener the bucket notifies (Bucket4j's `withListener`), with the events of a
     /// local bucket: `on_consumed` / `on_rejected` when a consuming call's result arrives
     /// (after the backend committed it; a failed call notifies nothing), `on_delayed` when a
@@ -97,7 +120,8 @@ impl<B: Backend> RemoteBucketBuilder<B> {
     /// No round trip happens here.
     ///
     /// # Errors
-    /// [`DistributedError::Key`] when the key is too long.
+    /// [`DistributedError::Key`] when the key is too long;
+    /// [`DistributedError::InvalidSetting`] for leasing settings that can only break things.
     ///
     /// ```
     /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
@@ -113,11 +137,15 @@ impl<B: Backend> RemoteBucketBuilder<B> {
         configuration: impl Fn() -> BucketConfiguration + Send + Sync + 'static,
     ) -> Result<RemoteBucket<B>, DistributedError> {
         let key = self.manager.storage_key(key)?;
+        if let Some(l) = &self.leasing {
+            l.check()?;
+        }
         Ok(RemoteBucket {
             manager: self.manager,
             key,
             supplier: Arc::new(configuration),
             listener: self.listener,
+            leasing: self.leasing,
             answer: PhantomData,
         })
     }
@@ -152,6 +180,7 @@ pub struct RemoteBucket<B, A = Plain> {
     pub(super) key: StorageKey,
     pub(super) supplier: Supplier,
     pub(super) listener: Option<SharedListener>,
+    pub(super) leasing: Option<Leasing>,
     pub(super) answer: PhantomData<fn() -> A>,
 }
 
@@ -169,6 +198,7 @@ impl<B, A> RemoteBucket<B, A> {
             key: self.key.clone(),
             supplier: Arc::clone(&self.supplier),
             listener: self.listener.clone(),
+            leasing: self.leasing,
             answer: PhantomData,
         }
     }
@@ -307,6 +337,11 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
         J::Output: 'static,
     {
         let inner = &self.manager.inner;
+        if let Some(leasing) = self.leasing {
+            // No breaker check here: a lease serves its tokens while the backend is down; a
+            // round trip meets the breaker in `transact`.
+            return Box::pin(self.run_leased(job, command, leasing)).await;
+        }
         if inner.batching.is_enabled() && !inner.backend.is_in_process() {
             // An open breaker refuses at once, also a call that would queue behind its key.
             if let Some(b) = inner.breaker.as_ref().filter(|b| b.is_open()) {

@@ -7,6 +7,7 @@
 mod batch;
 mod breaker;
 mod bucket;
+mod lease;
 mod settle;
 
 use core::fmt;
@@ -26,6 +27,7 @@ use batch::{Batching, Lane};
 use breaker::Breaker;
 pub use breaker::CircuitBreaker;
 pub use bucket::{BlockingRemoteBucket, RemoteBucket, RemoteBucketBuilder};
+pub use lease::Leasing;
 
 /// Where remote buckets read `now` from.
 ///
@@ -152,8 +154,14 @@ struct Inner<B> {
     breaker: Option<Breaker>,
     /// Keys with an operation in flight through the batching path, and what queued behind it.
     lanes: DashMap<StorageKey, Lane>,
-    /// Operation ids and the calls in doubt (remote backends only).
+    /// Operation ids, the calls in doubt and the leases' returns.
     settler: settle::Settler,
+    /// The leasing of buckets that do not choose their own (`None`: off).
+    leasing: Option<Leasing>,
+    /// Leased keys: their lease and what this manager last saw of their bucket.
+    leases: DashMap<StorageKey, Arc<lease::Slot>>,
+    /// Whether the task that ends old and idle leases runs.
+    keeper: core::sync::atomic::AtomicBool,
 }
 
 /// Configures a [`ProxyManager`]: key prefix and length limit, time source, timeout,
@@ -181,9 +189,37 @@ pub struct ManagerBuilder<B> {
     ttl_margin: Duration,
     max_batch: usize,
     breaker: CircuitBreaker,
+    leasing: Option<Leasing>,
 }
 
 impl<B: Backend> ManagerBuilder<B> {
+    /// Leasing for every bucket of the manager (default: off; a bucket may choose otherwise
+    /// with [`RemoteBucketBuilder::leasing`]): a hot key's calls are served in this process
+    /// from blocks of tokens taken from the shared bucket, with no over-grant (see
+    /// [`Leasing`]). [`build`](Self::build) refuses settings that can only break things.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// use bucket4rs_distributed::{EmbeddedBackend, Leasing, ProxyManager};
+    /// # use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// let manager = ProxyManager::configure(EmbeddedBackend::new())
+    ///     .leasing(Leasing::new().processes(4))
+    ///     .build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10_000, Duration::from_secs(1))?).build()?;
+    /// let bucket = manager.builder().build("global", move || config.clone())?;
+    /// for _ in 0..100 {
+    ///     assert!(bucket.try_consume(1).await?); // most of them from this process's lease
+    /// }
+    /// assert!(manager.leased_tokens() > 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn leasing(mut self, leasing: Leasing) -> Self {
+        self.leasing = Some(leasing);
+        self
+    }
+
     /// Per-key request batching: at most `max` operations per batch (default 64; 1 turns
     /// batching off; 0 is refused by [`build`](Self::build)).
     ///
@@ -329,6 +365,9 @@ impl<B: Backend> ManagerBuilder<B> {
         if self.max_batch == 0 {
             return refuse("max_batch", "must be at least 1 (1 turns batching off)");
         }
+        if let Some(l) = &self.leasing {
+            l.check()?;
+        }
         // Room for the prefix, its `:` and at least one byte of key.
         if self.max_key_len < self.prefix.len().saturating_add(2) {
             return refuse(
@@ -397,6 +436,9 @@ impl<B: Backend> ManagerBuilder<B> {
                 breaker,
                 lanes: DashMap::new(),
                 settler: settle::Settler::new(),
+                leasing: self.leasing,
+                leases: DashMap::new(),
+                keeper: core::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -444,6 +486,7 @@ impl<B: fmt::Debug> fmt::Debug for ProxyManager<B> {
             .field("ttl_margin", &self.inner.ttl_margin)
             .field("batching", &self.inner.batching)
             .field("breaker", &self.inner.breaker)
+            .field("leasing", &self.inner.leasing)
             .finish()
     }
 }
@@ -483,6 +526,7 @@ impl<B: Backend> ProxyManager<B> {
             ttl_margin: Duration::from_secs(1),
             max_batch: Batching::DEFAULT_MAX_BATCH,
             breaker: CircuitBreaker::default(),
+            leasing: None,
         }
     }
 
@@ -500,6 +544,7 @@ impl<B: Backend> ProxyManager<B> {
         RemoteBucketBuilder {
             manager: self.clone(),
             listener: None,
+            leasing: self.inner.leasing,
         }
     }
 

@@ -1,15 +1,20 @@
-//! The manager's side of in-doubt settlement (the record's side is `crate::ledger`).
+//! The manager's side of in-doubt settlement and lease returns (the record's side is
+//! `crate::ledger`).
 //!
-//! Every writing transaction to a remote backend gets an [`OperationId`]. One that ends in
-//! doubt (sent, no reply) is remembered for its key; the next transaction on the key lists
-//! it, and so does a background task that retries on its own until the key answers, so a
-//! key with no more traffic is settled too. A doubt older than [`WINDOW`] is given up: the
-//! record has forgotten it by then (see `docs/distributed.md`).
+//! Every writing transaction to a remote backend (and every transaction of a leased key) gets
+//! an [`OperationId`]. One that ends in doubt (sent, no reply) is remembered for its key; the
+//! next transaction on the key lists it, and so does a background task that retries on its
+//! own until the key answers, so a key with no more traffic is settled too. A lease that
+//! ended is remembered the same way with the tokens it did not use, until a transaction has
+//! given them back. A doubt or return older than [`WINDOW`] is given up: the record has
+//! forgotten it by then (see `docs/distributed.md`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::backend::{Backend, Command, OperationId, Transaction, Write};
 use crate::error::DistributedError;
@@ -22,7 +27,8 @@ use super::ProxyManager;
 /// How long a record remembers an operation, and a manager tries to settle it.
 pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 
-/// The operations of one manager that are not answered yet, and those in doubt per key.
+/// The operations of one manager that are not answered yet, those in doubt and the leases
+/// whose unused tokens are still to be given back, per key.
 #[derive(Debug)]
 pub(super) struct Settler {
     owner: u64,
@@ -32,19 +38,37 @@ pub(super) struct Settler {
 
 #[derive(Debug, Default)]
 struct State {
-    /// In flight or in doubt: the floor is the smallest.
-    open: BTreeSet<u64>,
-    doubts: HashMap<StorageKey, Vec<(u64, Instant)>>,
+    keys: HashMap<StorageKey, Open>,
     /// Whether the background task runs.
     task: bool,
 }
 
+/// One key's operations that the record must not forget yet.
+#[derive(Debug, Default)]
+struct Open {
+    /// In flight, in doubt, or a live lease: the key's floor is the smallest.
+    seqs: BTreeSet<u64>,
+    doubts: Vec<(u64, Instant)>,
+    /// Ended leases with what they did not use: `(seq, refill units per bandwidth, since)`.
+    returns: Vec<(u64, Vec<u128>, Instant)>,
+}
+
+impl Open {
+    fn is_empty(&self) -> bool {
+        self.seqs.is_empty() && self.doubts.is_empty() && self.returns.is_empty()
+    }
+}
+
 /// How a transaction with an id ended.
 pub(super) enum End {
-    /// The backend wrote the record this transaction computed (its settlements included).
+    /// The backend wrote the record this transaction computed (its settlements and returns
+    /// included).
     Written,
-    /// It certainly changed nothing, or wrote nothing (a read): its settlements, if any,
-    /// are still to be made.
+    /// Written, and it took a lease that this manager now serves from: the record must keep
+    /// its entry until the lease is returned ([`Settler::release`]).
+    Leased,
+    /// It certainly changed nothing, or wrote nothing (a read): its settlements and returns,
+    /// if any, are still to be made.
     Unchanged,
     /// It may have been applied.
     InDoubt,
@@ -73,22 +97,27 @@ impl Settler {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The id of a new transaction on `key`, listing the key's operations in doubt.
+    /// The id of a new transaction on `key`, listing the key's operations in doubt and the
+    /// unused tokens of its ended leases. The floor is the key's: the record holds only this
+    /// key's operations.
     pub(super) fn begin(&self, key: &StorageKey) -> OperationId {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         let mut s = self.lock();
-        s.open.insert(seq);
-        let floor = s.open.first().copied().unwrap_or(seq);
-        let settles = s
-            .doubts
-            .get(key)
-            .map(|d| d.iter().map(|&(q, _)| q).collect())
-            .unwrap_or_default();
+        let open = match s.keys.get_mut(key) {
+            Some(o) => o,
+            None => s.keys.entry(key.clone()).or_default(),
+        };
+        open.seqs.insert(seq);
         OperationId {
             owner: self.owner,
             seq,
-            floor,
-            settles,
+            floor: open.seqs.first().copied().unwrap_or(seq),
+            settles: open.doubts.iter().map(|&(q, _)| q).collect(),
+            returns: open
+                .returns
+                .iter()
+                .map(|(q, unused, _)| (*q, unused.clone()))
+                .collect(),
             window: (WINDOW.as_nanos() >> SHIFT) as i64,
         }
     }
@@ -96,65 +125,107 @@ impl Settler {
     /// Records how `id` ended; whether a background settlement task must be started.
     pub(super) fn end(&self, key: &StorageKey, id: &OperationId, end: End) -> bool {
         let mut s = self.lock();
-        match end {
-            End::Written => {
-                s.open.remove(&id.seq);
-                if !id.settles.is_empty() {
-                    if let Some(d) = s.doubts.get_mut(key) {
-                        d.retain(|(q, _)| !id.settles.contains(q));
-                        if d.is_empty() {
-                            s.doubts.remove(key);
-                        }
-                    }
-                    for q in &id.settles {
-                        s.open.remove(q);
-                    }
+        let Some(open) = s.keys.get_mut(key) else {
+            return false;
+        };
+        let start = match end {
+            End::Written | End::Leased => {
+                if !matches!(end, End::Leased) {
+                    open.seqs.remove(&id.seq);
+                }
+                open.doubts.retain(|(q, _)| !id.settles.contains(q));
+                for q in &id.settles {
+                    open.seqs.remove(q);
+                }
+                open.returns
+                    .retain(|(q, _, _)| !id.returns.iter().any(|(r, _)| r == q));
+                for (q, _) in &id.returns {
+                    open.seqs.remove(q);
                 }
                 false
             }
             End::Unchanged => {
-                s.open.remove(&id.seq);
+                open.seqs.remove(&id.seq);
                 false
             }
             End::InDoubt => {
-                s.doubts
-                    .entry(key.clone())
-                    .or_default()
-                    .push((id.seq, Instant::now()));
+                open.doubts.push((id.seq, Instant::now()));
                 !core::mem::replace(&mut s.task, true)
             }
+        };
+        if s.keys.get(key).is_some_and(Open::is_empty) {
+            s.keys.remove(key);
         }
+        start
     }
 
-    /// Forgets doubts older than [`WINDOW`]; the keys still in doubt (`None`: none, the task
+    /// A lease (the operation `seq` on `key`) ended with `unused` (refill units per
+    /// bandwidth): given back by the key's next transaction, or by the background task;
+    /// whether that task must be started. With nothing to give back the lease's entry may
+    /// simply be forgotten.
+    pub(super) fn release(&self, key: &StorageKey, seq: u64, unused: Vec<u128>) -> bool {
+        let mut s = self.lock();
+        let Some(open) = s.keys.get_mut(key) else {
+            return false;
+        };
+        if unused.iter().all(|&u| u == 0) {
+            open.seqs.remove(&seq);
+            if open.is_empty() {
+                s.keys.remove(key);
+            }
+            return false;
+        }
+        open.returns.push((seq, unused, Instant::now()));
+        !core::mem::replace(&mut s.task, true)
+    }
+
+    /// Forgets doubts and returns older than [`WINDOW`] (the record has forgotten their
+    /// entries); the keys with something still to settle or return (`None`: none, the task
     /// ends).
     fn pending(&self) -> Option<Vec<StorageKey>> {
         let mut s = self.lock();
         let now = Instant::now();
-        let mut gone = Vec::new();
-        s.doubts.retain(|_, d| {
-            d.retain(|&(q, since)| {
-                let keep = now.duration_since(since) < WINDOW;
-                if !keep {
-                    gone.push(q);
-                }
-                keep
-            });
-            !d.is_empty()
+        let young = |since: Instant| now.duration_since(since) < WINDOW;
+        s.keys.retain(|_, open| {
+            let old: Vec<u64> = (open.doubts.iter().map(|&(q, since)| (q, since)))
+                .chain(open.returns.iter().map(|(q, _, since)| (*q, *since)))
+                .filter(|&(_, since)| !young(since))
+                .map(|(q, _)| q)
+                .collect();
+            open.doubts.retain(|&(_, since)| young(since));
+            open.returns.retain(|(_, _, since)| young(*since));
+            for q in old {
+                open.seqs.remove(&q);
+            }
+            !open.is_empty()
         });
-        for q in gone {
-            s.open.remove(&q);
-        }
-        if s.doubts.is_empty() {
+        let keys: Vec<StorageKey> = s
+            .keys
+            .iter()
+            .filter(|(_, o)| !o.doubts.is_empty() || !o.returns.is_empty())
+            .map(|(k, _)| k.clone())
+            .collect();
+        if keys.is_empty() {
             s.task = false;
             return None;
         }
-        Some(s.doubts.keys().cloned().collect())
+        Some(keys)
+    }
+
+    /// Whether settlements or returns are pending and the background task must be started
+    /// for them.
+    pub(super) fn kick(&self) -> bool {
+        let mut s = self.lock();
+        let pending = s
+            .keys
+            .values()
+            .any(|o| !o.doubts.is_empty() || !o.returns.is_empty());
+        pending && !core::mem::replace(&mut s.task, true)
     }
 
     /// Operations in doubt, all keys (for tests and `Debug`).
     pub(super) fn in_doubt(&self) -> usize {
-        self.lock().doubts.values().map(Vec::len).sum()
+        self.lock().keys.values().map(|o| o.doubts.len()).sum()
     }
 }
 
@@ -182,8 +253,9 @@ impl<B: Backend> Drop for InFlight<'_, B> {
     }
 }
 
-/// A transaction that only settles: runs the ledger's settlement on the key's record and
-/// writes it back (nothing to do on an absent record: nothing of it is stored any more).
+/// A transaction that only settles and returns: runs the ledger's settlements and lease
+/// returns on the key's record and writes it back (nothing to do on an absent record:
+/// nothing of it is stored any more).
 struct SettleTx {
     id: OperationId,
     clock: Option<std::sync::Arc<dyn bucket4rs_core::Clock + Send + Sync>>,
@@ -220,14 +292,18 @@ impl Transaction for SettleTx {
             return Write::Keep;
         };
         match ledger::before(&mut rec, &self.id, now) {
-            Ok(p) if p.changed => {
+            Ok(p) => {
+                // Made: written, or nothing to write (a return whose entry is gone).
                 self.wrote = true;
+                if !p.changed {
+                    return Write::Keep;
+                }
                 Write::Put {
                     record: crate::format::encode_with(&rec.config, &rec.state, &rec.ledger),
                     ttl: record::ttl_of(&rec.config, &rec.state, now, self.margin),
                 }
             }
-            _ => Write::Keep,
+            Err(_) => Write::Keep,
         }
     }
 }
@@ -256,32 +332,39 @@ impl<B: Backend> ProxyManager<B> {
                     return;
                 };
                 for key in keys {
-                    let id = manager.inner.settler.begin(&key);
-                    if id.settles.is_empty() {
-                        manager.inner.settler.end(&key, &id, End::Unchanged);
-                        continue;
-                    }
-                    let mut tx = SettleTx {
-                        id,
-                        clock: manager.inner.time.0.clone(),
-                        margin: manager.inner.ttl_margin,
-                        wrote: false,
-                    };
-                    let result = manager.transact(&key, &mut tx).await;
-                    let end = End::of(&result, tx.wrote);
-                    if matches!(end, End::Written) {
+                    if let Ok(true) = manager.settle_key(&key).await {
                         pause = Duration::from_millis(50);
                     }
-                    // A settlement in doubt is simply made again (it is idempotent): it is
-                    // not a doubt of its own.
-                    let end = if matches!(end, End::InDoubt) {
-                        End::Unchanged
-                    } else {
-                        end
-                    };
-                    manager.inner.settler.end(&key, &tx.id, end);
                 }
             }
         });
+    }
+}
+
+impl<B: Backend> ProxyManager<B> {
+    /// One transaction that makes the settlements and returns pending on `key`; whether it
+    /// made them (`false`: nothing was pending, or they are still pending after a failure).
+    pub(super) async fn settle_key(&self, key: &StorageKey) -> Result<bool, DistributedError> {
+        let id = self.inner.settler.begin(key);
+        if id.settles.is_empty() && id.returns.is_empty() {
+            self.inner.settler.end(key, &id, End::Unchanged);
+            return Ok(false);
+        }
+        let mut tx = SettleTx {
+            id,
+            clock: self.inner.time.0.clone(),
+            margin: self.inner.ttl_margin,
+            wrote: false,
+        };
+        let result = self.transact(key, &mut tx).await;
+        let end = match End::of(&result, tx.wrote) {
+            // A settlement in doubt is simply made again (it is idempotent): it is not a
+            // doubt of its own.
+            End::InDoubt => End::Unchanged,
+            end => end,
+        };
+        let made = matches!(end, End::Written);
+        self.inner.settler.end(key, &tx.id, end);
+        result.map(|()| made)
     }
 }

@@ -4,7 +4,7 @@ use core::time::Duration;
 use std::sync::Arc;
 
 use bucket4rs_core::{BucketConfiguration, Clock, ManualClock};
-use bucket4rs_distributed::{Backend, DistributedError, RemoteBucket, TimeSource};
+use bucket4rs_distributed::{Backend, DistributedError, Leasing, RemoteBucket, TimeSource};
 use serde_json::Value;
 use tokio::runtime::Runtime;
 
@@ -17,6 +17,7 @@ struct Remote<'r, B> {
     backend: Arc<B>,
     clock: ManualClock,
     rt: &'r Runtime,
+    leased: bool,
 }
 
 fn e(e: DistributedError) -> String {
@@ -94,6 +95,18 @@ impl<B: Backend> Engine for Remote<'_, B> {
     }
 
     fn snapshot(&mut self) -> String {
+        if self.leased {
+            // What the bucket answers, not the stored record: a leased bucket's record holds
+            // less than the bucket (its lease is out), and a round trip's return of the lease
+            // changes the record, never an answer.
+            return match self
+                .rt
+                .block_on(self.bucket.as_verbose().available_tokens())
+            {
+                Ok(r) => format!("{:?} {:?}", r.configuration(), r.state()),
+                Err(err) => format!("error: {err}"),
+            };
+        }
         match self
             .rt
             .block_on(super::raw(&*self.backend, self.bucket.key()))
@@ -107,14 +120,24 @@ impl<B: Backend> Engine for Remote<'_, B> {
 
 /// Replays every trace through remote buckets on one client of the store, each trace on a
 /// key of its own and a manager on the trace's manual clock (its bucket created at the
-/// trace's start).
-pub(super) fn conformance<B: Backend>(rt: &Runtime, ctx: &Ctx<B>) -> Result<String, String> {
+/// trace's start). `leased`: the buckets lease (one process: it answers exactly as an
+/// unleased bucket, from its lease and what it saw of the bucket).
+pub(super) fn conformance<B: Backend>(
+    rt: &Runtime,
+    ctx: &Ctx<B>,
+    leased: bool,
+) -> Result<String, String> {
     let backend = rt.block_on(ctx.connect())?;
     let mut n = 0;
+    let label = if leased {
+        format!("{} leased", ctx.name)
+    } else {
+        ctx.name.clone()
+    };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        replay_all(&ctx.name, |config, clock| {
+        replay_all(&label, |config, clock| {
             n += 1;
-            build(rt, ctx, Arc::clone(&backend), n, config, clock)
+            build(rt, ctx, Arc::clone(&backend), n, config, clock, leased)
         });
     }));
     match result {
@@ -133,6 +156,7 @@ fn build<'r, B: Backend>(
     n: usize,
     config: BucketConfiguration,
     clock: ManualClock,
+    leased: bool,
 ) -> Result<Remote<'r, B>, String> {
     config
         .check_clock(clock.is_wall_clock_based())
@@ -140,13 +164,14 @@ fn build<'r, B: Backend>(
     // Semantics are checked here, not latency: a patient timeout, so one slow answer of a
     // shared server on a loaded machine does not fail a whole replay.
     let manager = ctx
-        .manager(Arc::clone(&backend), "conf")
+        .manager(Arc::clone(&backend), if leased { "leased" } else { "conf" })
         .time_source(TimeSource::client(clock.clone()))
         .timeout(Duration::from_secs(30))
         .build()
         .map_err(e)?;
     let bucket = manager
         .builder()
+        .leasing(leased.then(Leasing::new))
         .build(format!("t{n}"), move || config.clone())
         .map_err(e)?;
     rt.block_on(bucket.available_tokens()).map_err(e)?;
@@ -155,5 +180,6 @@ fn build<'r, B: Backend>(
         backend,
         clock,
         rt,
+        leased,
     })
 }

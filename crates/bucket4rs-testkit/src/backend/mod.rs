@@ -208,7 +208,8 @@ impl<B: Backend> BackendKit<B> {
                 failed.push(format!("{name}: {e}"));
             }
         };
-        report("conformance", engine::conformance(&rt, &ctx));
+        report("conformance", engine::conformance(&rt, &ctx, false));
+        report("conformance leased", engine::conformance(&rt, &ctx, true));
         for (name, check) in checks::all::<B>() {
             let c = Arc::clone(&ctx);
             let result = rt.block_on(async move {
@@ -222,7 +223,7 @@ impl<B: Backend> BackendKit<B> {
         println!(
             "kit: {}: {} checks, {} failed, in {:.1} s",
             ctx.name,
-            1 + checks::all::<B>().len(),
+            2 + checks::all::<B>().len(),
             failed.len(),
             started.elapsed().as_secs_f64()
         );

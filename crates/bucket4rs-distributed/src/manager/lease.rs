@@ -1,0 +1,865 @@
+//! Leasing (see [`Leasing`]): on a hot key, a manager takes a block of tokens from the
+//! shared bucket in one round trip and serves its callers from it in this process.
+//!
+//! Per key the manager keeps a [`Slot`]: the *lease* (the tokens taken and not used yet, and
+//! the operation whose ledger entry took them) and the *view* (the record as the last round
+//! trip left it, lease included: the shared bucket as this process last saw it). A call runs
+//! on the view at the current reading:
+//! - the view refuses it (or it only reads): answered here, from the view;
+//! - the view grants it with no debt and the lease holds what it takes: answered here, the
+//!   lease and the view drawn down;
+//! - otherwise one round trip ([`LeaseTx`]): the lease's unused tokens go back (an exact
+//!   partial settlement of its entry, `crate::ledger`), the call runs on the shared bucket,
+//!   and a new lease is taken after a consumption that left no debt, sized to what this
+//!   process used per [`Leasing::period`].
+//!
+//! One round trip per key at a time: callers that find one in flight wait for it and then
+//! look again. A lease ends at its lifetime, after an idle spell (the keeper task), at the
+//! next round trip, and on [`ProxyManager::release_leases`]; its unused tokens are given back
+//! by the settler (`settle.rs`) like a settlement, so a lease whose process dies is lost from
+//! the bucket, never granted twice.
+
+use core::fmt;
+use core::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bucket4rs_core::ops::{Refilled, TryConsumeAsMuchAsPossible};
+use bucket4rs_core::{Answer, BucketConfiguration, BucketState, VerboseResult};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::settle::End;
+use super::{ProxyManager, RemoteBucket, with_timeout};
+use crate::backend::{Backend, Command, OperationId, Transaction, Write};
+use crate::error::DistributedError;
+use crate::format::Record;
+use crate::key::StorageKey;
+use crate::ledger::MAX_ENTRIES;
+use crate::record::{self, Job, Outcome, Supplier};
+
+/// Leases a key may hold in its record's ledger at once (the rest of the ledger is kept for
+/// settling in-doubt calls); a process that finds no room takes no lease and sends its calls.
+pub(crate) const LEASE_ROOM: usize = MAX_ENTRIES - 8;
+
+/// The longest lease lifetime: a lease must be returned well within the minute its ledger
+/// entry is kept.
+const MAX_LIFETIME: Duration = Duration::from_secs(30);
+
+/// Hot keys at local speed: a manager takes tokens from a shared bucket in blocks (*leases*)
+/// and serves its callers from them in process, giving back exactly what it did not use.
+///
+/// Off by default; on for every bucket of a manager with
+/// [`ManagerBuilder::leasing`](super::ManagerBuilder::leasing), or for one bucket with
+/// [`RemoteBucketBuilder::leasing`](super::RemoteBucketBuilder::leasing).
+///
+/// - **No over-grant, ever.** Every token a caller gets was taken from the shared bucket
+///   first; a lease's unused tokens go back so that the bucket ends exactly as if the lease
+///   had taken only what was used, when it was taken (not "capped at capacity", which gives
+///   back tokens the bucket never lacked). A process that dies with a lease loses it from the
+///   bucket: under-grant, never over-grant.
+/// - **Under-grant bounded.** Each lease holds at most
+///   `capacity × max_held_percent / 100 / processes` tokens of the smallest capacity (see
+///   [`lease_cap`](Self::lease_cap)), and at most 24 leases are live per key: tokens sit
+///   unused in leases up to `min(processes, 24) × lease_cap`, and a process answers refusals
+///   from what it last saw of the bucket, which tokens other processes gave back since can
+///   make stale by as much again.
+/// - **Adaptive.** A lease is sized to what this process used over the last
+///   [`period`](Self::period), up to the cap; a process that uses fewer than two tokens per
+///   period takes none, and a lease unused for [`idle`](Self::idle) or older than
+///   [`lifetime`](Self::lifetime) is given back, so an idle process holds nothing.
+/// - **Approximate**: what a call answered in process reports (remaining tokens, waits,
+///   estimates, `available_tokens`) is the shared bucket as this process last saw it, its own
+///   lease included; other processes' use since is not in it. Exact for one process.
+///
+/// See `docs/distributed.md`, "Hot keys: batching and leasing".
+///
+/// ```
+/// use bucket4rs_distributed::Leasing;
+/// use std::time::Duration;
+/// let leasing = Leasing::new().processes(4).period(Duration::from_millis(50));
+/// assert_eq!(leasing.lease_cap(10_000), 250); // 10 % of 10,000 over 4 processes
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Leasing {
+    period: Duration,
+    lifetime: Duration,
+    idle: Duration,
+    processes: u32,
+    held_percent: u8,
+}
+
+impl Default for Leasing {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Leasing {
+    /// The defaults: leases sized to 100 ms of this process's use, returned after 1 s or
+    /// 250 ms unused; one process holding at most 10 % of the capacity.
+    ///
+    /// ```
+    /// let l = bucket4rs_distributed::Leasing::new();
+    /// assert_eq!(l.lease_cap(1_000), 100);
+    /// ```
+    pub const fn new() -> Self {
+        Self {
+            period: Duration::from_millis(100),
+            lifetime: Duration::from_secs(1),
+            idle: Duration::from_millis(250),
+            processes: 1,
+            held_percent: 10,
+        }
+    }
+
+    /// How much of its own use a lease covers (default 100 ms): a lease is the tokens this
+    /// process used over the last period, up to the cap. Longer: fewer round trips, more
+    /// tokens held.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::Leasing; use std::time::Duration;
+    /// let l = Leasing::new().period(Duration::from_millis(20));
+    /// ```
+    #[must_use]
+    pub const fn period(mut self, period: Duration) -> Self {
+        self.period = period;
+        self
+    }
+
+    /// The longest a lease lives (default 1 s, at most 30 s): then its unused tokens go back
+    /// and what this process saw of the bucket is read afresh at the next call.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::Leasing; use std::time::Duration;
+    /// let l = Leasing::new().lifetime(Duration::from_secs(2));
+    /// ```
+    #[must_use]
+    pub const fn lifetime(mut self, lifetime: Duration) -> Self {
+        self.lifetime = lifetime;
+        self
+    }
+
+    /// How long a lease may go unused before it is given back (default 250 ms).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::Leasing; use std::time::Duration;
+    /// let l = Leasing::new().idle(Duration::from_millis(100));
+    /// ```
+    #[must_use]
+    pub const fn idle(mut self, idle: Duration) -> Self {
+        self.idle = idle;
+        self
+    }
+
+    /// How many processes are expected to lease the same key (default 1): the held share is
+    /// divided between them.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::Leasing;
+    /// assert_eq!(Leasing::new().processes(10).lease_cap(1_000), 10);
+    /// ```
+    #[must_use]
+    pub const fn processes(mut self, processes: u32) -> Self {
+        self.processes = processes;
+        self
+    }
+
+    /// The share of the capacity all leases of a key may hold together, in percent (default
+    /// 10, at most 100).
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::Leasing;
+    /// assert_eq!(Leasing::new().max_held_percent(50).lease_cap(1_000), 500);
+    /// ```
+    #[must_use]
+    pub const fn max_held_percent(mut self, percent: u8) -> Self {
+        self.held_percent = percent;
+        self
+    }
+
+    /// The most tokens one lease holds on a bucket whose smallest capacity is `capacity`:
+    /// `capacity × max_held_percent / 100 / processes`, rounded down.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::Leasing;
+    /// assert_eq!(Leasing::new().processes(3).lease_cap(1_000), 33);
+    /// ```
+    pub fn lease_cap(&self, capacity: u64) -> u64 {
+        let share = u128::from(capacity) * u128::from(self.held_percent) / 100;
+        u64::try_from(share / u128::from(self.processes.max(1))).unwrap_or(u64::MAX)
+    }
+
+    /// Refuses the settings that can only break things.
+    pub(crate) fn check(&self) -> Result<(), DistributedError> {
+        let refuse = |reason| {
+            Err(DistributedError::InvalidSetting {
+                setting: "leasing",
+                reason,
+            })
+        };
+        if self.processes == 0 {
+            return refuse("processes must be at least 1");
+        }
+        if self.held_percent == 0 || self.held_percent > 100 {
+            return refuse("max_held_percent must be from 1 to 100");
+        }
+        if self.lifetime.is_zero() || self.lifetime > MAX_LIFETIME {
+            return refuse(
+                "lifetime must be more than zero and at most 30 s (a lease's entry is kept a \
+                 minute)",
+            );
+        }
+        if self.period.is_zero() || self.period > self.lifetime {
+            return refuse("period must be more than zero and at most the lifetime");
+        }
+        if self.idle.is_zero() {
+            return refuse("idle must be more than zero");
+        }
+        Ok(())
+    }
+}
+
+/// What this process last saw of a key's shared bucket: its record after the last round
+/// trip's call (the lease's tokens still in it), at that round trip's reading.
+struct View {
+    record: Record,
+    reading: i64,
+    /// When the reply arrived (the view expires a lifetime later).
+    at: Instant,
+}
+
+/// What the operation `seq` took from the shared bucket and is not used yet, per bandwidth
+/// in refill units (a refill that fills what this process sees of the bucket takes its
+/// overflow from here first, as it would from the bucket: see [`RemoteBucket::local`]).
+struct Lease {
+    seq: u64,
+    left: Vec<u128>,
+    taken: Instant,
+}
+
+impl Lease {
+    /// Whole tokens left (the fewest of any bandwidth).
+    fn tokens(&self, config: &BucketConfiguration) -> u64 {
+        config
+            .bandwidths()
+            .iter()
+            .zip(&self.left)
+            .map(|(b, &u)| u / b.refill_period().as_nanos().max(1))
+            .min()
+            .map_or(0, |t| u64::try_from(t).unwrap_or(u64::MAX))
+    }
+}
+
+#[derive(Default)]
+struct SlotState {
+    view: Option<View>,
+    lease: Option<Lease>,
+    /// A round trip is in flight: callers wait for it.
+    busy: bool,
+    /// Tokens this process was granted on the key since `since` (for the next lease's size).
+    used: u64,
+    since: Option<Instant>,
+    last_call: Option<Instant>,
+}
+
+/// One key's lease and view in a manager.
+pub(super) struct Slot {
+    settings: Leasing,
+    state: Mutex<SlotState>,
+    done: Notify,
+}
+
+impl fmt::Debug for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.lock();
+        f.debug_struct("Slot")
+            .field("lease", &s.lease.as_ref().map(|l| &l.left))
+            .field("busy", &s.busy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Slot {
+    fn lock(&self) -> MutexGuard<'_, SlotState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What a call does next.
+enum Step<T> {
+    /// Answered in process.
+    Answer(Outcome<T>),
+    /// A round trip is in flight: wait for it, then look again.
+    Wait,
+    /// Go to the backend, ending the lease (its unused tokens ride along), then maybe take
+    /// a new one of this size.
+    Trip { size: u64 },
+}
+
+/// Whether a command can take tokens (and a lease after it).
+fn consumes(command: Command) -> bool {
+    matches!(
+        command,
+        Command::TryConsume(_)
+            | Command::TryConsumeAndReturnRemaining(_)
+            | Command::TryConsumeAsMuchAsPossible(_)
+            | Command::ConsumeIgnoringRateLimits(_)
+            | Command::Reserve { .. }
+    )
+}
+
+/// Tokens the state lost from `before` (refilled to `now`) to `after`, on the first
+/// bandwidth (a consumption takes the same from each), and whether `after` is in debt.
+fn drawn(
+    config: &BucketConfiguration,
+    before: &BucketState,
+    after: &BucketState,
+    now: i64,
+) -> (u64, bool) {
+    let refilled = Refilled::new(config, now, |i| before.bandwidths()[i]).get(0);
+    let after0 = after.bandwidths()[0].tokens();
+    let debt = after.bandwidths().iter().any(|b| b.tokens() < 0);
+    (
+        u64::try_from(refilled.tokens().saturating_sub(after0)).unwrap_or(0),
+        debt,
+    )
+}
+
+/// A lease's size from what this process used over the time since the last one: `used`
+/// tokens per `elapsed`, scaled to the period, at most the cap; none below two tokens.
+fn lease_size(
+    settings: &Leasing,
+    config: &BucketConfiguration,
+    used: u64,
+    elapsed: Duration,
+) -> u64 {
+    let capacity = config
+        .bandwidths()
+        .iter()
+        .map(|b| b.capacity())
+        .min()
+        .unwrap_or(0);
+    let cap = settings.lease_cap(capacity);
+    let elapsed = elapsed.as_nanos().max(1);
+    let wanted = u128::from(used) * settings.period.as_nanos() / elapsed;
+    let size = u64::try_from(wanted).unwrap_or(u64::MAX).min(cap);
+    if size < 2 { 0 } else { size }
+}
+
+impl<B: Backend> ProxyManager<B> {
+    /// The key's slot, created on first use (and the keeper with the first one).
+    fn slot(&self, key: &StorageKey, settings: Leasing) -> Arc<Slot> {
+        if let Some(s) = self.inner.leases.get(key) {
+            return Arc::clone(&s);
+        }
+        let slot = Arc::clone(&self.inner.leases.entry(key.clone()).or_insert_with(|| {
+            Arc::new(Slot {
+                settings,
+                state: Mutex::new(SlotState::default()),
+                done: Notify::new(),
+            })
+        }));
+        self.spawn_keeper();
+        slot
+    }
+
+    /// The reading a view is at now: the client clock, or the backend's as last read plus
+    /// the time since (a little behind the backend's, by the reply's way back: a view refills
+    /// no sooner than the bucket).
+    fn view_now(&self, view: &View) -> i64 {
+        match &self.inner.time.0 {
+            Some(clock) => clock.now_nanos(),
+            None => {
+                let since = Instant::now().saturating_duration_since(view.at);
+                view.reading
+                    .saturating_add(i64::try_from(since.as_nanos()).unwrap_or(i64::MAX))
+            }
+        }
+    }
+
+    /// Tokens this manager holds in live leases: taken from the shared buckets and not used
+    /// yet. What its leased buckets can grant without a round trip, and the most a crash of
+    /// this process takes from the buckets without granting it (see
+    /// [`Leasing`]). Zero without leasing.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::{EmbeddedBackend, ProxyManager};
+    /// let manager = ProxyManager::new(EmbeddedBackend::new());
+    /// assert_eq!(manager.leased_tokens(), 0);
+    /// ```
+    pub fn leased_tokens(&self) -> u64 {
+        self.inner
+            .leases
+            .iter()
+            .filter_map(|s| {
+                let s = s.lock();
+                Some(s.lease.as_ref()?.tokens(&s.view.as_ref()?.record.config))
+            })
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Ends every lease of this manager and gives their unused tokens back now (a graceful
+    /// shutdown: call it before the process exits). Buckets keep working: a later call
+    /// takes a new lease. A return that fails is retried in the background.
+    ///
+    /// # Errors
+    /// The first failed return (the others are still made).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration};
+    /// # use bucket4rs_distributed::{EmbeddedBackend, Leasing, ProxyManager}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// let manager = ProxyManager::configure(EmbeddedBackend::new()).leasing(Leasing::new()).build()?;
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(1_000, Duration::from_secs(1))?).build()?;
+    /// let bucket = manager.builder().build("hot", move || config.clone())?;
+    /// for _ in 0..10 {
+    ///     bucket.try_consume(1).await?;
+    /// }
+    /// manager.release_leases().await?;
+    /// assert_eq!(manager.leased_tokens(), 0);
+    /// assert_eq!(bucket.as_verbose().available_tokens().await?.into_value(), 990);
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn release_leases(&self) -> Result<(), DistributedError> {
+        let keys: Vec<StorageKey> = self
+            .inner
+            .leases
+            .iter()
+            .filter_map(|entry| {
+                let lease = entry.value().lock().lease.take()?;
+                self.inner
+                    .settler
+                    .release(entry.key(), lease.seq, lease.left);
+                Some(entry.key().clone())
+            })
+            .collect();
+        let mut first = Ok(());
+        for key in keys {
+            if let Err(e) = self.settle_key(&key).await {
+                first = first.and(Err(e));
+            }
+        }
+        if self.inner.settler.kick() {
+            self.spawn_settler();
+        }
+        first
+    }
+
+    /// Ends leases past their lifetime or idle (the keeper's round).
+    fn expire_leases(&self) {
+        let now = Instant::now();
+        let mut ended = false;
+        self.inner.leases.retain(|key, slot| {
+            let mut s = slot.lock();
+            if s.busy {
+                return true;
+            }
+            let settings = slot.settings;
+            let ends = s.lease.as_ref().is_some_and(|lease| {
+                now.saturating_duration_since(lease.taken) >= settings.lifetime
+                    || s.last_call
+                        .is_none_or(|t| now.saturating_duration_since(t) >= settings.idle)
+            });
+            if let Some(lease) = s.lease.take_if(|_| ends) {
+                ended |= self.inner.settler.release(key, lease.seq, lease.left);
+            }
+            // A slot goes once its key has been left alone a lifetime (its view, kept past
+            // its lifetime for the next lease's size, goes with it).
+            s.lease.is_some()
+                || s.last_call
+                    .is_some_and(|t| now.saturating_duration_since(t) < settings.lifetime)
+        });
+        if ended {
+            self.spawn_settler();
+        }
+    }
+
+    /// Starts the keeper (on the current runtime) unless it runs: every tick it ends the
+    /// leases past their lifetime or idle, until the manager has no slot left.
+    fn spawn_keeper(&self) {
+        use core::sync::atomic::Ordering;
+        if self.inner.keeper.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            self.inner.keeper.store(false, Ordering::Release);
+            return;
+        };
+        // Held weakly: a dropped manager ends it.
+        let weak = Arc::downgrade(&self.inner);
+        handle.spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let tick = inner
+                    .leases
+                    .iter()
+                    .map(|s| s.settings.idle.min(s.settings.lifetime) / 4)
+                    .min();
+                let Some(tick) = tick else {
+                    inner.keeper.store(false, Ordering::Release);
+                    // A slot made after the look and before the flag fell started no keeper
+                    // of its own: this one goes on.
+                    if inner.leases.is_empty() || inner.keeper.swap(true, Ordering::AcqRel) {
+                        return;
+                    }
+                    continue;
+                };
+                drop(inner);
+                tokio::time::sleep(tick.max(Duration::from_millis(1))).await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                ProxyManager { inner }.expire_leases();
+            }
+        });
+    }
+}
+
+impl<B: Backend, A: Answer> RemoteBucket<B, A> {
+    /// A call on a leased bucket: answered from the lease and the view when they can, else
+    /// one round trip (at a time per key).
+    pub(super) async fn run_leased<J: Job>(
+        &self,
+        job: J,
+        command: Command,
+        settings: Leasing,
+    ) -> Outcome<J::Output> {
+        let manager = &self.manager;
+        let slot = manager.slot(&self.key, settings);
+        let waiting = with_timeout(manager.inner.timeout, async {
+            loop {
+                let done = slot.done.notified();
+                tokio::pin!(done);
+                done.as_mut().enable();
+                match self.local(&slot, &job, command) {
+                    Step::Answer(out) => return Ok(Ok(out)),
+                    Step::Trip { size } => return Ok(Err(size)),
+                    Step::Wait => done.await,
+                }
+            }
+        });
+        match waiting.await? {
+            Ok(answer) => answer,
+            Err(size) => self.trip(&slot, job, command, size).await,
+        }
+    }
+
+    /// The call in process, if the view and the lease can answer it.
+    fn local<J: Job>(&self, slot: &Slot, job: &J, command: Command) -> Step<J::Output> {
+        let manager = &self.manager;
+        let now_instant = Instant::now();
+        let mut guard = slot.lock();
+        let s = &mut *guard;
+        if s.busy {
+            return Step::Wait;
+        }
+        s.last_call = Some(now_instant);
+        let since = *s.since.get_or_insert(now_instant);
+        let used = s.used;
+        let size_now = |config: &BucketConfiguration| {
+            lease_size(
+                &slot.settings,
+                config,
+                used,
+                now_instant.saturating_duration_since(since),
+            )
+        };
+        let changes_bucket = matches!(
+            command,
+            Command::AddTokens(_)
+                | Command::ForceAddTokens(_)
+                | Command::Reset
+                | Command::ReplaceConfiguration
+        );
+        let live = s
+            .view
+            .as_ref()
+            .is_some_and(|v| now_instant.saturating_duration_since(v.at) < slot.settings.lifetime);
+        let (false, true, Some(view)) = (changes_bucket, live, s.view.as_mut()) else {
+            let size = match &s.view {
+                Some(v) if consumes(command) => size_now(&v.record.config),
+                _ => 0,
+            };
+            s.busy = true;
+            return Step::Trip { size };
+        };
+        let now = manager.view_now(view);
+        if let Some(lease) = s.lease.as_mut() {
+            // The bucket as this process sees it refills, its lease included: what that
+            // refill loses to the capacity comes out of the lease first (the bucket would not
+            // have had it had the lease been used here instead; one process then answers
+            // exactly as an unleased bucket). The view keeps the refilled state, so no
+            // refill is counted twice.
+            let config = &view.record.config;
+            let lost = crate::ledger::overflow(config, &view.record.state, now);
+            for (left, lost) in lease.left.iter_mut().zip(lost) {
+                *left = left.saturating_sub(lost);
+            }
+            let refilled = Refilled::new(config, now, |i| view.record.state.bandwidths()[i]);
+            let n = config.bandwidths().len();
+            view.record.state =
+                BucketState::from_bandwidths((0..n).map(|i| refilled.get(i)).collect());
+        }
+        let before = view.record.state.clone();
+        let out = match job.run(&mut view.record, now, manager.inner.wall) {
+            Err(e) => return Step::Answer(Err(e)),
+            Ok((value, changed)) => {
+                if changed {
+                    let config = &view.record.config;
+                    let (took, debt) = drawn(config, &before, &view.record.state, now);
+                    let need = crate::ledger::units_of(config, took);
+                    let lease = s
+                        .lease
+                        .as_mut()
+                        .filter(|l| l.left.iter().zip(&need).all(|(left, need)| left >= need));
+                    match lease {
+                        Some(l) if !debt && consumes(command) => {
+                            for (left, need) in l.left.iter_mut().zip(need) {
+                                *left -= need;
+                            }
+                            s.used = s.used.saturating_add(took);
+                        }
+                        _ => {
+                            view.record.state = before;
+                            let size = size_now(&view.record.config);
+                            s.busy = true;
+                            return Step::Trip { size };
+                        }
+                    }
+                }
+                VerboseResult::new(
+                    value,
+                    view.record.config.clone(),
+                    view.record.state.clone(),
+                    now,
+                )
+            }
+        };
+        Step::Answer(Ok(out))
+    }
+
+    /// One round trip for a call the lease could not answer: the lease's unused tokens go
+    /// back, the call runs on the shared bucket, and a new lease of `size` is taken after a
+    /// consumption that left no debt.
+    async fn trip<J: Job>(
+        &self,
+        slot: &Slot,
+        job: J,
+        command: Command,
+        size: u64,
+    ) -> Outcome<J::Output> {
+        let manager = &self.manager;
+        let key = &self.key;
+        // Waiters are let go however this ends (a dropped future included).
+        let _busy = Busy(slot);
+        let ended = {
+            let mut s = slot.lock();
+            s.used = 0;
+            s.since = Some(Instant::now());
+            s.lease.take()
+        };
+        if let Some(lease) = ended {
+            // Carried by this round trip's id; kept for the next one if it fails.
+            if manager.inner.settler.release(key, lease.seq, lease.left) {
+                manager.spawn_settler();
+            }
+        }
+        let inner = &manager.inner;
+        let mut tx = LeaseTx {
+            job,
+            command,
+            commands: if size > 0 {
+                vec![command, Command::Lease(size)]
+            } else {
+                vec![command]
+            },
+            size,
+            supplier: &self.supplier,
+            clock: inner.time.0.as_deref(),
+            wall: inner.wall,
+            margin: inner.ttl_margin,
+            id: inner.settler.begin(key),
+            out: None,
+            view: None,
+            took: 0,
+            leased: 0,
+            wrote: false,
+        };
+        let in_flight = super::settle::InFlight {
+            manager,
+            key,
+            id: Some(tx.id.clone()),
+        };
+        let result = manager.transact(key, &mut tx).await;
+        in_flight.finished();
+        let leased = if result.is_ok() && tx.wrote {
+            tx.leased
+        } else {
+            0
+        };
+        let end = if leased > 0 {
+            End::Leased
+        } else {
+            End::of(&result, tx.wrote)
+        };
+        manager.end_with(key, &tx.id, end);
+        result?;
+        let out = tx
+            .out
+            .take()
+            .unwrap_or_else(|| Err(super::batch::not_run()));
+        let mut s = slot.lock();
+        if let Some((record, reading)) = tx.view.take() {
+            s.view = Some(View {
+                record,
+                reading,
+                at: Instant::now(),
+            });
+        }
+        s.used = s.used.saturating_add(tx.took);
+        if let (true, Some(view)) = (leased > 0, &s.view) {
+            s.lease = Some(Lease {
+                seq: tx.id.seq,
+                left: crate::ledger::units_of(&view.record.config, leased),
+                taken: Instant::now(),
+            });
+        }
+        drop(s);
+        out
+    }
+}
+
+/// Marks a slot's round trip over (and wakes its waiters) when dropped.
+struct Busy<'a>(&'a Slot);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.lock().busy = false;
+        self.0.done.notify_waiters();
+    }
+}
+
+/// A leased key's round trip: the call, then (after a consumption that left no debt, while
+/// the ledger has room) a lease of up to `size` tokens. The lease's unused tokens and the
+/// key's calls in doubt ride in the id.
+struct LeaseTx<'a, J: Job> {
+    job: J,
+    command: Command,
+    commands: Vec<Command>,
+    size: u64,
+    supplier: &'a Supplier,
+    clock: Option<&'a (dyn bucket4rs_core::Clock + Send + Sync)>,
+    wall: bool,
+    margin: Duration,
+    id: OperationId,
+    out: Option<Outcome<J::Output>>,
+    /// The record as the call left it (the lease's tokens in it), and the reading.
+    view: Option<(Record, i64)>,
+    /// What the call took, and the lease taken after it.
+    took: u64,
+    leased: u64,
+    wrote: bool,
+}
+
+impl<J: Job> Transaction for LeaseTx<'_, J> {
+    fn command(&self) -> Command {
+        match self.commands.as_slice() {
+            [one] => *one,
+            many => Command::Batch(many.len()),
+        }
+    }
+
+    fn batch(&self) -> Option<&[Command]> {
+        (self.commands.len() > 1).then_some(self.commands.as_slice())
+    }
+
+    fn needs_backend_clock(&self) -> bool {
+        self.clock.is_none()
+    }
+
+    fn client_now(&self) -> Option<i64> {
+        self.clock.map(|c| c.now_nanos())
+    }
+
+    fn ttl_margin(&self) -> Duration {
+        self.margin
+    }
+
+    fn operation(&self) -> Option<&OperationId> {
+        Some(&self.id)
+    }
+
+    fn apply(&mut self, current: Option<&[u8]>, backend_now: Option<i64>) -> Write {
+        self.wrote = false;
+        self.took = 0;
+        self.leased = 0;
+        self.view = None;
+        let now = match record::reading(backend_now, self.clock) {
+            Ok(n) => n,
+            Err(e) => {
+                self.out = Some(Err(e));
+                return Write::Keep;
+            }
+        };
+        let (job, supplier, wall, size) = (&self.job, self.supplier, self.wall, self.size);
+        let consuming = consumes(self.command);
+        let mut out = None;
+        let mut view = None;
+        let (mut took_now, mut leased) = (0, 0);
+        let ledger = Some((&self.id, self.commands.as_slice()));
+        let write = record::apply_bytes(current, now, self.margin, ledger, |record| {
+            let before = record.as_ref().map(|r| r.state.clone());
+            let (changed, outcome) = record::step(job, record, supplier, now, wall);
+            if let (Ok(_), Some(rec)) = (&outcome, record.as_mut()) {
+                view = Some((
+                    Record {
+                        config: rec.config.clone(),
+                        state: rec.state.clone(),
+                        ledger: crate::format::Ledger::default(),
+                    },
+                    now,
+                ));
+                // Only a consumption draws (a replaced configuration has other bandwidths).
+                let (took, debt) = if consuming {
+                    let before = before.unwrap_or_else(|| BucketState::new(&rec.config, now));
+                    drawn(&rec.config, &before, &rec.state, now)
+                } else {
+                    (0, false)
+                };
+                took_now = took;
+                let room = rec.ledger.entries.len() < LEASE_ROOM;
+                if size > 0 && took > 0 && !debt && room {
+                    leased = rec
+                        .state
+                        .apply(&rec.config, now, &TryConsumeAsMuchAsPossible(Some(size)))
+                        .unwrap_or(0);
+                }
+            }
+            out = Some(outcome);
+            changed || leased > 0
+        });
+        match write {
+            // A call that failed writes nothing, not even a return riding with it (that one
+            // stays for the next round trip): a failed call changes nothing.
+            Ok(_) if matches!(out, Some(Err(_))) => {
+                self.out = out;
+                Write::Keep
+            }
+            Ok(w) => {
+                self.out = out;
+                self.view = view;
+                self.took = took_now;
+                self.leased = leased;
+                self.wrote = matches!(w, Write::Put { .. });
+                w
+            }
+            Err(e) => {
+                self.out = Some(Err(e));
+                Write::Keep
+            }
+        }
+    }
+}
