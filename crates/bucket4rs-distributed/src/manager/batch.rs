@@ -416,7 +416,7 @@ where
                 out: None,
                 reply: tx,
                 // Taken before the caller's timer starts below, so never later than it.
-                deadline: Instant::now() + inner.timeout,
+                deadline: super::now() + inner.timeout,
                 sent: Arc::clone(&sent),
             }));
             (None, Some(rx))

@@ -6,7 +6,6 @@ use core::future::Future;
 use core::marker::PhantomData;
 use core::time::Duration;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
 use bucket4rs_core::ops;
 use bucket4rs_core::{
@@ -635,11 +634,11 @@ const REFUND_PATIENCE: Duration = Duration::from_secs(60);
 /// while the failure is one that applied nothing and may pass, for up to
 /// [`REFUND_PATIENCE`].
 async fn refund<B: Backend>(bucket: RemoteBucket<B>, tokens: u64) {
-    let give_up = Instant::now() + REFUND_PATIENCE;
+    let give_up = tokio::time::Instant::now() + REFUND_PATIENCE;
     let mut pause = Duration::from_millis(20);
     loop {
         match bucket.op(ops::AddTokens(tokens)).await {
-            Err(e) if e.is_retryable() && Instant::now() + pause < give_up => {
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() + pause < give_up => {
                 tokio::time::sleep(pause).await;
                 pause = pause.saturating_mul(2).min(Duration::from_secs(2));
             }

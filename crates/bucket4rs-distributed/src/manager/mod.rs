@@ -674,7 +674,7 @@ impl<B: Backend> ProxyManager<B> {
         // Every attempt carries the moment the caller gives up, for the server to check
         // (the timeout is at most an hour: the sum cannot overflow).
         // A batch brings the earliest deadline of its callers.
-        let own = std::time::Instant::now() + inner.timeout;
+        let own = now() + inner.timeout;
         let mut tx = Deadlined {
             deadline: tx.deadline().map_or(own, |d| d.min(own)),
             tx,
@@ -769,6 +769,13 @@ impl Transaction for Deadlined<'_> {
     }
 }
 
+/// The time on tokio's clock (the real one, unless a test paused it), as the std instant that
+/// deadlines are given in ([`Transaction::deadline`]): the manager's deadlines, timers and
+/// sleeps all run on one clock, so a simulation on paused time keeps them in step.
+pub(crate) fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 #[cold]
 fn unreachable_default<T>() -> T {
     // The defaults of `configure` always build; reaching this is a bug in this crate.
@@ -813,7 +820,7 @@ pub(super) async fn writing_within<T>(
     until: Option<std::time::Instant>,
     fut: impl core::future::Future<Output = Result<T, DistributedError>>,
 ) -> Result<T, DistributedError> {
-    let until = until.unwrap_or_else(|| std::time::Instant::now() + timeout);
+    let until = until.unwrap_or_else(|| now() + timeout);
     match tokio::time::timeout_at(until.into(), fut).await {
         Ok(r) => r,
         Err(_) => Err(DistributedError::Backend(BackendError::new(
