@@ -653,7 +653,7 @@ async fn refund<B: Backend>(bucket: RemoteBucket<B>, tokens: u64) {
 /// own thread (`Handle::block_on`); the runtime's worker drives the I/O, the timers and the
 /// tasks the call spawns (a Redis connection's driver, a batch, the breaker's probe), which
 /// therefore never depend on a runtime of the caller's that may not be running.
-fn blocking_runtime() -> Result<&'static tokio::runtime::Handle, DistributedError> {
+pub(super) fn blocking_runtime() -> Result<&'static tokio::runtime::Handle, DistributedError> {
     static RUNTIME: OnceLock<Option<tokio::runtime::Runtime>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {

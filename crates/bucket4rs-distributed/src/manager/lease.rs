@@ -518,6 +518,34 @@ impl<B: Backend> ProxyManager<B> {
     }
 }
 
+/// A handle of `inner` is dropped: when it is the last one and leases are out, a task of its
+/// own (on the current runtime, else the blocking views') gives them back, holding the
+/// manager until it is done. Best effort: a runtime shutting down drops the task and the
+/// leases with it (lost from the bucket, never granted twice).
+pub(super) fn release_on_last_drop<B: Backend>(inner: &Arc<super::Inner<B>>) {
+    if Arc::strong_count(inner) != 1 || !inner.leases.iter().any(|s| s.lock().lease.is_some()) {
+        return;
+    }
+    let manager = ProxyManager {
+        inner: Arc::clone(inner),
+    };
+    let release = async move {
+        // Failed returns stay pending with the settler, whose task holds the manager weakly:
+        // with this last handle gone they are lost, as for a process that stops.
+        let _ = manager.release_leases().await;
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            handle.spawn(release);
+        }
+        Err(_) => {
+            if let Ok(handle) = super::bucket::blocking_runtime() {
+                handle.spawn(release);
+            }
+        }
+    }
+}
+
 impl<B: Backend, A: Answer> RemoteBucket<B, A> {
     /// A call on a leased bucket: answered from the lease and the view when they can, else
     /// one round trip (at a time per key).

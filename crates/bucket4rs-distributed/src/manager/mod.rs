@@ -162,6 +162,9 @@ struct Inner<B> {
     leases: DashMap<StorageKey, Arc<lease::Slot>>,
     /// Whether the task that ends old and idle leases runs.
     keeper: core::sync::atomic::AtomicBool,
+    /// Run by a handle's drop: gives the leases back when it was the last handle
+    /// (`lease::release_on_last_drop` for this backend type, which `Drop` cannot name).
+    on_drop: fn(&Arc<Inner<B>>),
 }
 
 /// Configures a [`ProxyManager`]: key prefix and length limit, time source, timeout,
@@ -439,6 +442,7 @@ impl<B: Backend> ManagerBuilder<B> {
                 leasing: self.leasing,
                 leases: DashMap::new(),
                 keeper: core::sync::atomic::AtomicBool::new(false),
+                on_drop: lease::release_on_last_drop::<B>,
             }),
         })
     }
@@ -472,6 +476,14 @@ impl<B> Clone for ProxyManager<B> {
         Self {
             inner: Arc::clone(&self.inner),
         }
+    }
+}
+
+impl<B> Drop for ProxyManager<B> {
+    /// The last handle of a manager gives its leases back, on a task of its own (see
+    /// [`ProxyManager::release_leases`]).
+    fn drop(&mut self) {
+        (self.inner.on_drop)(&self.inner);
     }
 }
 

@@ -17,6 +17,7 @@ mod errors;
 #[cfg(feature = "redis")]
 mod failover;
 mod golden;
+mod leasing;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "redis")]

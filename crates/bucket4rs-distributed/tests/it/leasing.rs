@@ -1,0 +1,443 @@
+//! Leasing ([`Leasing`]): a hot key's calls served in process from blocks of the shared
+//! bucket, with no over-grant. The backend kit replays every trace through a leased bucket
+//! ("conformance leased"); these tests cover what one process cannot show: several managers
+//! (processes) on one key, a process that dies with a lease, a configuration replaced while
+//! leases are out, leases given back when idle or dropped, a backend that goes down.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bucket4rs_core::{BucketConfiguration, ManualClock, TokensInheritanceStrategy};
+use bucket4rs_distributed::{
+    Backend, BackendClock, BackendError, BackendErrorKind, CircuitBreaker, EmbeddedBackend,
+    Leasing, ProxyManager, RetryPolicy, StorageKey, TimeSource, Transaction,
+};
+
+use crate::common::{Recorder, runtime, simple};
+
+/// An in-process store seen as a remote one: every transaction counted, and a switch that
+/// makes it refuse (a retryable `Unavailable`, nothing applied), as a server that is down.
+#[derive(Debug, Default)]
+struct Remote {
+    store: EmbeddedBackend,
+    transactions: AtomicU64,
+    down: AtomicBool,
+}
+
+impl Remote {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            store: EmbeddedBackend::with_clock(ManualClock::new(0)),
+            ..Self::default()
+        })
+    }
+
+    fn refuse(&self) -> Result<(), BackendError> {
+        if self.down.load(Ordering::Relaxed) {
+            return Err(BackendError::new(BackendErrorKind::Unavailable, "down").retryable(true));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Backend for Remote {
+    async fn transact(
+        &self,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+    ) -> Result<(), BackendError> {
+        self.refuse()?;
+        self.transactions.fetch_add(1, Ordering::Relaxed);
+        self.store.transact(key, tx).await
+    }
+    async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+        self.refuse()?;
+        self.store.read(key).await
+    }
+    async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
+        self.refuse()?;
+        self.store.remove(key).await
+    }
+    fn clock(&self) -> BackendClock {
+        BackendClock::Monotonic
+    }
+}
+
+/// No refill within a test.
+fn still(capacity: u64) -> BucketConfiguration {
+    simple(capacity, Duration::from_secs(1_000_000_000))
+}
+
+/// A manager ("process") leasing on `backend`, on a client clock that never moves.
+fn process(backend: &Arc<Remote>, leasing: Leasing) -> ProxyManager<Arc<Remote>> {
+    ProxyManager::configure(Arc::clone(backend))
+        .time_source(TimeSource::client(ManualClock::new(1_000)))
+        .timeout(Duration::from_secs(20))
+        .leasing(leasing)
+        .build()
+        .unwrap()
+}
+
+/// `tasks` tasks of `manager` take one token at a time from `key` until refused; the tokens
+/// granted.
+async fn drain(manager: &ProxyManager<Arc<Remote>>, key: &str, capacity: u64, tasks: usize) -> u64 {
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let b = manager
+            .builder()
+            .build(key, move || still(capacity))
+            .unwrap();
+        handles.push(tokio::spawn(async move {
+            let mut n = 0;
+            while b.try_consume(1).await.unwrap() {
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    total
+}
+
+/// What an unleased bucket of `key` holds (read through a manager without leasing).
+async fn left(backend: &Arc<Remote>, key: &str, capacity: u64) -> i64 {
+    ProxyManager::configure(Arc::clone(backend))
+        .time_source(TimeSource::client(ManualClock::new(1_000)))
+        .build()
+        .unwrap()
+        .builder()
+        .build(key, move || still(capacity))
+        .unwrap()
+        .available_tokens()
+        .await
+        .unwrap()
+}
+
+/// 4 processes × 4 tasks on one key of K tokens: never more than K granted, every token
+/// accounted for once the leases are back (granted + left == K), at most the leases' bound
+/// short, and a small fraction of a round trip per call.
+#[test]
+fn four_leasing_processes_grant_at_most_the_bucket_and_account_for_every_token() {
+    let rt = runtime();
+    let k = 40_000;
+    let leasing = Leasing::new().processes(4).max_held_percent(20);
+    let bound = 4 * leasing.lease_cap(k);
+    for run in 0..3 {
+        let backend = Remote::new();
+        let processes: Vec<_> = (0..4).map(|_| process(&backend, leasing)).collect();
+        let granted: u64 = rt.block_on(async {
+            let runs = processes.iter().map(|p| drain(p, "hot", k, 4));
+            futures_util::future::join_all(runs).await.into_iter().sum()
+        });
+        let held: u64 = processes.iter().map(ProxyManager::leased_tokens).sum();
+        rt.block_on(async {
+            for p in &processes {
+                p.release_leases().await.unwrap();
+            }
+        });
+        let after = rt.block_on(left(&backend, "hot", k));
+        let trips = backend.transactions.load(Ordering::Relaxed);
+        println!(
+            "leasing: run {run}: {granted} of {k} granted, {held} held in leases at the end, \
+             {after} left after their return, {trips} transactions ({:.4} per call)",
+            trips as f64 / granted as f64
+        );
+        assert!(granted <= k, "over-grant: {granted} > {k}");
+        assert_eq!(granted + after as u64, k, "a token lost or doubled");
+        assert!(
+            k - granted <= bound,
+            "under-grant {} over the bound {bound}",
+            k - granted
+        );
+        // Each lease serves up to 2,000 calls (20 % of 40,000 over 4 processes); the first
+        // calls of each process go alone until its rate is known.
+        assert!(
+            trips * 50 < granted,
+            "{trips} transactions for {granted} calls: leases not used"
+        );
+    }
+}
+
+/// A process that dies with a lease takes it out of the bucket and nothing more: what the
+/// others are granted afterwards is exactly what was left, the dead lease lost (under-grant,
+/// never over-grant).
+#[test]
+fn a_process_that_dies_with_a_lease_loses_only_its_lease() {
+    let k = 10_000;
+    let backend = Remote::new();
+    let leasing = Leasing::new().max_held_percent(50);
+    // The doomed process on a runtime of its own, which dies with it.
+    let doomed_rt = runtime();
+    let doomed = process(&backend, leasing);
+    let (granted_before, leased) = doomed_rt.block_on(async {
+        let b = doomed.builder().build("hot", move || still(k)).unwrap();
+        let mut n = 0;
+        for _ in 0..500 {
+            assert!(b.try_consume(1).await.unwrap());
+            n += 1;
+        }
+        (n, doomed.leased_tokens())
+    });
+    assert!(leased > 0, "the process took no lease");
+    // Killed: its tasks end with its runtime, and nothing of it runs again (no drop, which
+    // would give the lease back).
+    drop(doomed_rt);
+    std::mem::forget(doomed);
+    let rt = runtime();
+    let survivor = process(&backend, leasing);
+    let granted_after = rt.block_on(drain(&survivor, "hot", k, 4));
+    rt.block_on(survivor.release_leases()).unwrap();
+    println!(
+        "leasing: a dead process: {granted_before} granted before, {leased} lost in its \
+         lease, {granted_after} granted after"
+    );
+    assert_eq!(granted_before + leased + granted_after, k);
+    assert_eq!(rt.block_on(left(&backend, "hot", k)), 0);
+}
+
+/// A configuration replaced while another process holds a lease ends the lease's claim on
+/// the bucket: its return gives nothing into the new configuration's bucket, the holder
+/// takes the new configuration at its next round trip, and no more than the bucket allowed
+/// is granted.
+#[test]
+fn a_configuration_replaced_while_leases_are_out_ends_them() {
+    let rt = runtime();
+    let k = 10_000;
+    let backend = Remote::new();
+    let leasing = Leasing::new().max_held_percent(50);
+    let (a, b) = (process(&backend, leasing), process(&backend, leasing));
+    rt.block_on(async {
+        let bucket_a = a.builder().build("hot", move || still(k)).unwrap();
+        for _ in 0..200 {
+            assert!(bucket_a.try_consume(1).await.unwrap());
+        }
+        let leased = a.leased_tokens();
+        assert!(leased > 0);
+        let bucket_b = b.builder().build("hot", move || still(k)).unwrap();
+        let bigger = still(2 * k);
+        bucket_b
+            .replace_configuration(bigger.clone(), TokensInheritanceStrategy::AsIs)
+            .await
+            .unwrap();
+        let stored = left(&backend, "hot", 2 * k).await;
+        // A's return finds its entry gone with the old configuration: nothing comes back.
+        a.release_leases().await.unwrap();
+        assert_eq!(left(&backend, "hot", 2 * k).await, stored);
+        // A's next round trip answers under the new configuration.
+        let probe = bucket_a.as_verbose().try_consume(1).await.unwrap();
+        assert_eq!(probe.configuration(), &bigger);
+        let rest = drain(&a, "hot", k, 2).await + drain(&b, "hot", k, 2).await;
+        for p in [&a, &b] {
+            p.release_leases().await.unwrap();
+        }
+        let granted = 200 + 1 + rest;
+        println!(
+            "leasing: configuration replaced with {leased} leased out: {granted} granted, \
+             {} left",
+            left(&backend, "hot", 2 * k).await
+        );
+        assert_eq!(granted, k - leased, "the lease lost, nothing else");
+    });
+}
+
+/// A lease unused for its idle time goes back by itself: the bucket gets exactly what it did
+/// not use, and the process holds nothing.
+#[test]
+fn an_idle_lease_goes_back_by_itself() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let k = 10_000;
+    let backend = Remote::new();
+    let manager = process(&backend, Leasing::new().idle(Duration::from_millis(50)));
+    rt.block_on(async {
+        let b = manager.builder().build("hot", move || still(k)).unwrap();
+        for _ in 0..300 {
+            assert!(b.try_consume(1).await.unwrap());
+        }
+        assert!(manager.leased_tokens() > 0);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(manager.leased_tokens(), 0);
+        assert_eq!(left(&backend, "hot", k).await, (k - 300) as i64);
+    });
+}
+
+/// The last handle of a manager, dropped, gives its leases back.
+#[test]
+fn dropping_the_last_handle_gives_the_leases_back() {
+    let rt = runtime();
+    let k = 10_000;
+    let backend = Remote::new();
+    rt.block_on(async {
+        let manager = process(&backend, Leasing::new().lifetime(Duration::from_secs(30)));
+        let b = manager.builder().build("hot", move || still(k)).unwrap();
+        for _ in 0..300 {
+            assert!(b.try_consume(1).await.unwrap());
+        }
+        assert!(manager.leased_tokens() > 0);
+        drop((manager, b));
+        for _ in 0..200 {
+            if left(&backend, "hot", k).await == (k - 300) as i64 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the dropped manager's lease never came back");
+    });
+}
+
+/// A lease keeps serving what it holds while the backend is down; past it, the calls fail
+/// as they would without leasing.
+#[test]
+fn a_lease_serves_its_tokens_while_the_backend_is_down() {
+    let rt = runtime();
+    let k = 10_000;
+    let backend = Remote::new();
+    let manager = ProxyManager::configure(Arc::clone(&backend))
+        .time_source(TimeSource::client(ManualClock::new(1_000)))
+        .timeout(Duration::from_millis(200))
+        .retry(RetryPolicy::new(1, Duration::ZERO, Duration::ZERO))
+        .circuit_breaker(CircuitBreaker::off())
+        .leasing(Leasing::new().max_held_percent(50))
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let b = manager.builder().build("hot", move || still(k)).unwrap();
+        for _ in 0..300 {
+            assert!(b.try_consume(1).await.unwrap());
+        }
+        let leased = manager.leased_tokens();
+        assert!(leased > 0);
+        backend.down.store(true, Ordering::Relaxed);
+        let mut served = 0;
+        let error = loop {
+            match b.try_consume(1).await {
+                Ok(granted) => {
+                    assert!(granted);
+                    served += 1;
+                }
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(served, leased, "the lease's tokens, then an error");
+        assert!(error.is_unavailable() && !error.is_in_doubt(), "{error}");
+        backend.down.store(false, Ordering::Relaxed);
+        assert!(b.try_consume(1).await.unwrap());
+    });
+}
+
+/// A leased bucket's listener hears what an unleased one's does, call by call, also when the
+/// calls are served from the lease.
+#[test]
+fn a_leased_bucket_notifies_its_listener_as_an_unleased_one() {
+    let rt = runtime();
+    let backend = Remote::new();
+    let manager = process(&backend, Leasing::new());
+    rt.block_on(async {
+        let (leased, plain) = (Arc::new(Recorder::default()), Arc::new(Recorder::default()));
+        let config = || simple(100, Duration::from_secs(1_000_000));
+        let a = manager
+            .builder()
+            .with_listener(Arc::clone(&leased))
+            .build("a", config)
+            .unwrap();
+        let b = manager
+            .builder()
+            .leasing(None)
+            .with_listener(Arc::clone(&plain))
+            .build("b", config)
+            .unwrap();
+        for n in [1, 2, 3, 1, 50, 1, 40, 5, 1, 1] {
+            assert_eq!(
+                a.try_consume(n).await.unwrap(),
+                b.try_consume(n).await.unwrap()
+            );
+        }
+        assert_eq!(a.try_consume_as_much_as_possible().await.unwrap(), 0);
+        assert_eq!(b.try_consume_as_much_as_possible().await.unwrap(), 0);
+        assert_eq!(leased.events(), plain.events());
+    });
+}
+
+/// Every bucket of a key in one manager shares the key's lease, the blocking view included.
+#[test]
+fn the_blocking_view_of_a_leased_bucket_draws_on_the_same_lease() {
+    let k = 10_000;
+    let backend = Remote::new();
+    let manager = process(&backend, Leasing::new());
+    let b = manager.builder().build("hot", move || still(k)).unwrap();
+    let blocking = b.as_blocking();
+    for _ in 0..300 {
+        assert_eq!(blocking.consume(1).unwrap(), Duration::ZERO);
+    }
+    let trips = backend.transactions.load(Ordering::Relaxed);
+    assert!(trips < 30, "{trips} transactions for 300 calls");
+    assert!(manager.leased_tokens() > 0);
+}
+
+/// A key holds at most 24 leases (its ledger keeps room for settling calls in doubt): of 30
+/// busy processes, the others go to the bucket call by call, and every token still counts.
+#[test]
+fn a_key_holds_at_most_twenty_four_leases() {
+    let rt = runtime();
+    let k = 100_000;
+    let backend = Remote::new();
+    let leasing = Leasing::new().max_held_percent(100).processes(30);
+    let processes: Vec<_> = (0..30).map(|_| process(&backend, leasing)).collect();
+    rt.block_on(async {
+        for p in &processes {
+            let b = p.builder().build("hot", move || still(k)).unwrap();
+            for _ in 0..20 {
+                assert!(b.try_consume(1).await.unwrap());
+            }
+        }
+    });
+    let holding = processes.iter().filter(|p| p.leased_tokens() > 0).count();
+    let held: u64 = processes.iter().map(ProxyManager::leased_tokens).sum();
+    println!("leasing: 30 processes on one key: {holding} hold leases ({held} tokens)");
+    assert!(
+        (20..=24).contains(&holding),
+        "{holding} processes hold a lease"
+    );
+    rt.block_on(async {
+        for p in &processes {
+            p.release_leases().await.unwrap();
+        }
+        assert_eq!(left(&backend, "hot", k).await, (k - 30 * 20) as i64);
+    });
+}
+
+/// Settings that can only break things are refused when the bucket is built.
+#[test]
+fn leasing_settings_that_cannot_work_are_refused() {
+    let manager = ProxyManager::new(EmbeddedBackend::new());
+    for (bad, why) in [
+        (Leasing::new().processes(0), "processes"),
+        (Leasing::new().max_held_percent(0), "max_held_percent"),
+        (Leasing::new().max_held_percent(101), "max_held_percent"),
+        (Leasing::new().lifetime(Duration::ZERO), "lifetime"),
+        (Leasing::new().lifetime(Duration::from_secs(31)), "lifetime"),
+        (Leasing::new().period(Duration::from_secs(2)), "period"),
+        (Leasing::new().idle(Duration::ZERO), "idle"),
+    ] {
+        let err = manager
+            .builder()
+            .leasing(Some(bad))
+            .build("k", || still(10))
+            .unwrap_err();
+        assert!(err.to_string().contains(why), "{bad:?}: {err}");
+        let err = ProxyManager::configure(EmbeddedBackend::new())
+            .leasing(bad)
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains(why), "{bad:?}: {err}");
+    }
+}
