@@ -957,3 +957,106 @@ pub(crate) mod charged {
         }
     }
 }
+
+/// Leasing across real processes (the Redis and PostgreSQL tests): children of the test
+/// binary drain one key with leasing on, or die holding a lease.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) mod leased {
+    use std::io::{BufRead, BufReader};
+    use std::time::Duration;
+
+    use bucket4rs_core::BucketConfiguration;
+    use bucket4rs_distributed::{Backend, Leasing, ProxyManager};
+
+    use super::{epoch_ms, simple};
+
+    /// The key's tokens (no refill within a test).
+    pub(crate) const K: u64 = 20_000;
+
+    /// 4 processes holding at most 20 % of the key together.
+    pub(crate) fn leasing() -> Leasing {
+        Leasing::new().processes(4).max_held_percent(20)
+    }
+
+    pub(crate) fn config() -> BucketConfiguration {
+        simple(K, Duration::from_secs(1_000_000_000))
+    }
+
+    /// Tokens that may sit unused in the 4 processes' leases.
+    pub(crate) fn bound() -> u64 {
+        4 * leasing().lease_cap(K)
+    }
+
+    /// A child's part: from epoch millisecond `start_ms`, 4 tasks take one token at a time
+    /// from `hot` until refused; then its leases go back. Prints `GRANTED n` and `HELD n`
+    /// (tokens in its leases when the tasks stopped).
+    pub(crate) async fn drain<B: Backend>(manager: &ProxyManager<B>, start_ms: u128) {
+        let now_ms = epoch_ms();
+        if start_ms > now_ms {
+            tokio::time::sleep(Duration::from_millis((start_ms - now_ms) as u64)).await;
+        }
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let b = manager.builder().build("hot", config).unwrap();
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0u64;
+                while b.try_consume(1).await.unwrap() {
+                    n += 1;
+                }
+                n
+            }));
+        }
+        let mut granted = 0;
+        for t in tasks {
+            granted += t.await.unwrap();
+        }
+        let held = manager.leased_tokens();
+        manager.release_leases().await.unwrap();
+        println!("GRANTED {granted}");
+        println!("HELD {held}");
+    }
+
+    /// A doomed child's part: takes 500 tokens of `hot`, prints `GRANTED 500` and
+    /// `LEASED n` (its lease), then waits to be killed.
+    pub(crate) async fn doomed<B: Backend>(manager: &ProxyManager<B>) {
+        let b = manager.builder().build("hot", config).unwrap();
+        for _ in 0..500 {
+            assert!(b.try_consume(1).await.unwrap());
+        }
+        println!("GRANTED 500");
+        println!("LEASED {}", manager.leased_tokens());
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    }
+
+    /// Runs `test` of this binary as a doomed child (`env` set to `value`), kills it with
+    /// SIGKILL once it has printed its lease, and returns (granted, leased).
+    pub(crate) fn kill_doomed(test: &str, env: &str, value: &str) -> (u64, u64) {
+        let exe = std::env::current_exe().unwrap();
+        let mut child = std::process::Command::new(&exe)
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(env, value)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut granted = None;
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let leased = loop {
+            let line = lines
+                .next()
+                .unwrap_or_else(|| panic!("the doomed child ended: {:?}", child.wait()))
+                .unwrap();
+            if let Some((_, n)) = line.split_once("GRANTED ") {
+                granted = Some(n.trim().parse().unwrap());
+            }
+            if let Some((_, n)) = line.split_once("LEASED ") {
+                break n.trim().parse().unwrap();
+            }
+        };
+        child.kill().unwrap();
+        child.wait().unwrap();
+        (
+            granted.expect("the child printed what it was granted"),
+            leased,
+        )
+    }
+}

@@ -29,6 +29,8 @@ mod redis_faults;
 #[cfg(feature = "redis")]
 mod redis_kit;
 #[cfg(feature = "redis")]
+mod redis_leasing;
+#[cfg(feature = "redis")]
 mod redis_sentinel;
 #[cfg(feature = "redis")]
 mod redis_tls;

@@ -14,6 +14,7 @@ mod common;
 mod exhaustion;
 mod fault;
 mod kit;
+mod leasing;
 mod own;
 mod tls;
 
