@@ -82,11 +82,13 @@ pub enum Command {
     },
     /// `replace_configuration(..)`: only through [`Transaction::apply`].
     ReplaceConfiguration,
-    /// Takes up to `n` tokens (as many as every bandwidth has, without debt) into a lease
-    /// that this manager serves its callers from (see
-    /// [`ManagerBuilder::leasing`](crate::ManagerBuilder::leasing)); taken only while the
-    /// record's ledger has room for the lease's entry. Only through [`Transaction::apply`]:
-    /// a native path that does not know it computes the transaction with `apply`.
+    /// Takes into a lease that the manager serves its callers from (see
+    /// [`ManagerBuilder::leasing`](crate::ManagerBuilder::leasing)) as many tokens as every
+    /// bandwidth has, up to `n` (none when one is empty or in debt): the last operation of a
+    /// batch, after the call it rides with. Taken only while the record's ledger holds fewer
+    /// than 24 entries (after those expired are forgotten), so that calls in doubt can still
+    /// be settled. A native path that does not know it computes the transaction with
+    /// [`Transaction::apply`].
     Lease(u64),
     /// Several operations of one key applied in arrival order in one transaction (the
     /// manager's request batching, see [`ManagerBuilder::max_batch`](crate::ManagerBuilder::max_batch));

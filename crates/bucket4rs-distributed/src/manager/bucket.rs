@@ -41,7 +41,7 @@ fn nanos(d: Duration) -> u64 {
 pub struct RemoteBucketBuilder<B> {
     pub(super) manager: ProxyManager<B>,
     pub(super) listener: Option<SharedListener>,
-    pub(super) leasing: Option<Leasing>,
+    pub(super) leasing: Option<Arc<Leasing>>,
 }
 
 impl<B: fmt::Debug> fmt::Debug for RemoteBucketBuilder<B> {
@@ -72,7 +72,7 @@ impl<B: Backend> RemoteBucketBuilder<B> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn leasing(mut self, leasing: Option<Leasing>) -> Self {
-        self.leasing = leasing;
+        self.leasing = leasing.map(Arc::new);
         self
     }
 
@@ -179,7 +179,7 @@ pub struct RemoteBucket<B, A = Plain> {
     pub(super) key: StorageKey,
     pub(super) supplier: Supplier,
     pub(super) listener: Option<SharedListener>,
-    pub(super) leasing: Option<Leasing>,
+    pub(super) leasing: Option<Arc<Leasing>>,
     pub(super) answer: PhantomData<fn() -> A>,
 }
 
@@ -197,7 +197,7 @@ impl<B, A> RemoteBucket<B, A> {
             key: self.key.clone(),
             supplier: Arc::clone(&self.supplier),
             listener: self.listener.clone(),
-            leasing: self.leasing,
+            leasing: self.leasing.clone(),
             answer: PhantomData,
         }
     }
@@ -336,10 +336,10 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
         J::Output: 'static,
     {
         let inner = &self.manager.inner;
-        if let Some(leasing) = self.leasing {
+        if let Some(leasing) = &self.leasing {
             // No breaker check here: a lease serves its tokens while the backend is down; a
             // round trip meets the breaker in `transact`.
-            return Box::pin(self.run_leased(job, command, leasing)).await;
+            return Box::pin(self.run_leased(job, command, **leasing)).await;
         }
         if inner.batching.is_enabled() && !inner.backend.is_in_process() {
             // An open breaker refuses at once, also a call that would queue behind its key.

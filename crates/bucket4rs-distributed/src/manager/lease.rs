@@ -651,10 +651,21 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
                             s.used = s.used.saturating_add(took);
                         }
                         _ => {
+                            // At most this process's share of what the bucket, as last seen,
+                            // has beside the call: a key running dry is shared out rather
+                            // than held by whoever asks first, and a dry one is not leased
+                            // (a lease would only take what the next refill brings).
+                            let room = before.bandwidths().iter().map(|b| b.tokens()).min();
+                            let share = u64::try_from(room.unwrap_or(0))
+                                .unwrap_or(0)
+                                .saturating_sub(took)
+                                / u64::from(slot.settings.processes.max(1));
+                            let size = size_now(&view.record.config).min(share);
                             view.record.state = before;
-                            let size = size_now(&view.record.config);
                             s.busy = true;
-                            return Step::Trip { size };
+                            return Step::Trip {
+                                size: if size < 2 { 0 } else { size },
+                            };
                         }
                     }
                 }
@@ -851,15 +862,13 @@ impl<J: Job> Transaction for LeaseTx<'_, J> {
                     now,
                 ));
                 // Only a consumption draws (a replaced configuration has other bandwidths).
-                let (took, debt) = if consuming {
+                if consuming {
                     let before = before.unwrap_or_else(|| BucketState::new(&rec.config, now));
-                    drawn(&rec.config, &before, &rec.state, now)
-                } else {
-                    (0, false)
-                };
-                took_now = took;
-                let room = rec.ledger.entries.len() < LEASE_ROOM;
-                if size > 0 && took > 0 && !debt && room {
+                    took_now = drawn(&rec.config, &before, &rec.state, now).0;
+                }
+                // `Command::Lease`: as many tokens as every bandwidth has (none in debt), up to
+                // the size, while the ledger has room for the lease's entry.
+                if size > 0 && rec.ledger.entries.len() < LEASE_ROOM {
                     leased = rec
                         .state
                         .apply(&rec.config, now, &TryConsumeAsMuchAsPossible(Some(size)))

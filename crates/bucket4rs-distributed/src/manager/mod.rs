@@ -156,8 +156,9 @@ struct Inner<B> {
     lanes: DashMap<StorageKey, Lane>,
     /// Operation ids, the calls in doubt and the leases' returns.
     settler: settle::Settler,
-    /// The leasing of buckets that do not choose their own (`None`: off).
-    leasing: Option<Leasing>,
+    /// The leasing of buckets that do not choose their own (`None`: off); shared, so that a
+    /// bucket carries a pointer, not the settings.
+    leasing: Option<Arc<Leasing>>,
     /// Leased keys: their lease and what this manager last saw of their bucket.
     leases: DashMap<StorageKey, Arc<lease::Slot>>,
     /// Whether the task that ends old and idle leases runs.
@@ -439,7 +440,7 @@ impl<B: Backend> ManagerBuilder<B> {
                 breaker,
                 lanes: DashMap::new(),
                 settler: settle::Settler::new(),
-                leasing: self.leasing,
+                leasing: self.leasing.map(Arc::new),
                 leases: DashMap::new(),
                 keeper: core::sync::atomic::AtomicBool::new(false),
                 on_drop: lease::release_on_last_drop::<B>,
@@ -556,7 +557,7 @@ impl<B: Backend> ProxyManager<B> {
         RemoteBucketBuilder {
             manager: self.clone(),
             listener: None,
-            leasing: self.inner.leasing,
+            leasing: self.inner.leasing.clone(),
         }
     }
 

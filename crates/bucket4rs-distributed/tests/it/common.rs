@@ -22,7 +22,6 @@ pub(crate) fn runtime() -> Runtime {
 }
 
 /// A prefix no other test (or earlier run) uses.
-#[cfg(feature = "redis")]
 pub(crate) fn unique_prefix(test: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -29,22 +29,13 @@ use bucket4rs_distributed::{
 
 use crate::common::{
     drain_after_restart, dropped_waits_give_back_what_they_reserved, epoch_ms, hammer_hot_key,
-    patient, reported, run_children, runtime, simple,
+    patient, reported, run_children, runtime, simple, unique_prefix,
 };
 use crate::own::OwnPostgres;
 
 fn url() -> String {
     std::env::var("BUCKET4RS_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-/// A name no other test (or earlier run) uses.
-fn unique_prefix(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("b4t-{test}-{}-{nanos}", std::process::id())
 }
 
 /// A table name no other test (or run) uses: `[a-z0-9_]`.
