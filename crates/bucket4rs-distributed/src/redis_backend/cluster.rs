@@ -39,7 +39,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
-use super::map_err;
+use super::{Replicas, Reply, map_err, split, with_wait};
 use crate::error::{BackendError, BackendErrorKind};
 use crate::skew::{ClockOffset, host_micros};
 
@@ -214,18 +214,20 @@ impl Cluster {
         Ok(clock.on_server(deadline).min((1 << 53) - 1).to_string())
     }
 
-    /// One command for `key`, sent once to its slot's master and again only where a node
-    /// answered that it did not run it (`MOVED`, `ASK`), bounded by `until`; with the host's
-    /// wall-clock time its reply arrived. The same contract as the single-node send: the
-    /// outer error is a command that was not sent or got no reply in time, the inner one the
-    /// error of a sent command.
+    /// One command for `key` (with the `WAIT` of `wait` behind it, in the same round trip to
+    /// the same node), sent once to its slot's master and again only where a node answered
+    /// that it did not run it (`MOVED`, `ASK`), bounded by `until`; with the host's wall-clock
+    /// time its reply arrived. The same contract as the single-node send: the outer error is a
+    /// command that was not sent or got no reply in time, the inner one the error of a sent
+    /// command.
     pub(super) async fn send(
         &self,
         cmd: &redis::Cmd,
+        wait: Option<Replicas>,
         key: &str,
         until: Instant,
         round_trips: &AtomicU64,
-    ) -> Result<Result<(Value, i64), RedisError>, BackendError> {
+    ) -> Result<Result<Reply, RedisError>, BackendError> {
         let mut conn = self.live(until).await?;
         let slot = Slot::for_key(key);
         let mut target = Target::Slot;
@@ -240,29 +242,52 @@ impl Cluster {
             }
             round_trips.fetch_add(1, Ordering::Relaxed);
             let attempt = async {
-                match &target {
+                let (route, asking) = match &target {
                     Target::Slot => {
-                        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                            Route::with_slot(slot, SlotAddr::Master),
+                        let route = SingleNodeRoutingInfo::SpecificNode(Route::with_slot(
+                            slot,
+                            SlotAddr::Master,
                         ));
-                        conn.route_command(cmd.clone(), route).await
+                        let Some(r) = wait else {
+                            let v = conn
+                                .route_command(cmd.clone(), RoutingInfo::SingleNode(route))
+                                .await?;
+                            return Ok((v, None));
+                        };
+                        let replies = conn
+                            .route_pipeline(with_wait(false, cmd, r, left), 0, 2, route)
+                            .await?;
+                        return split(replies);
                     }
-                    Target::Ask(host, port) => {
-                        let mut pipe = redis::pipe();
-                        pipe.cmd("ASKING").add_command(cmd.clone());
-                        let route = SingleNodeRoutingInfo::ByAddress {
+                    Target::Ask(host, port) => (
+                        SingleNodeRoutingInfo::ByAddress {
                             host: host.clone(),
                             port: *port,
-                        };
-                        let replies = conn.route_pipeline(pipe, 1, 1, route).await?;
-                        match replies.into_iter().next() {
-                            Some(v) => Ok(v),
-                            None => Err(RedisError::from((
-                                ErrorKind::UnexpectedReturnType,
-                                "no reply to the command after ASKING",
-                            ))),
-                        }
+                        },
+                        true,
+                    ),
+                };
+                // `ASKING` and the command (and the WAIT) to the node named.
+                let pipe = match wait {
+                    Some(r) => with_wait(asking, cmd, r, left),
+                    None => {
+                        let mut pipe = redis::pipe();
+                        pipe.cmd("ASKING").add_command(cmd.clone()).ignore_errors();
+                        pipe
                     }
+                };
+                let count = if wait.is_some() { 2 } else { 1 };
+                let mut replies = conn.route_pipeline(pipe, 1, count, route).await?;
+                if wait.is_some() {
+                    return split(replies);
+                }
+                match replies.pop() {
+                    Some(Value::ServerError(e)) => Err(e.into()),
+                    Some(v) => Ok((v, None)),
+                    None => Err(RedisError::from((
+                        ErrorKind::UnexpectedReturnType,
+                        "no reply to the command after ASKING",
+                    ))),
                 }
             };
             let reply = tokio::time::timeout(left, attempt).await;
@@ -270,8 +295,14 @@ impl Cluster {
             let e = match reply {
                 // The crate hands back a server's error reply that it does not act on as a
                 // value (the single-node connection makes it an error, as here).
-                Ok(Ok(Value::ServerError(e))) => e.into(),
-                Ok(Ok(v)) => return Ok(Ok((v, arrived))),
+                Ok(Ok((Value::ServerError(e), _))) => e.into(),
+                Ok(Ok((value, acked))) => {
+                    return Ok(Ok(Reply {
+                        value,
+                        arrived,
+                        acked,
+                    }));
+                }
                 Ok(Err(e)) => e,
                 Err(_) => {
                     return Err(BackendError::new(
