@@ -556,7 +556,10 @@ impl RedisBackend {
     /// As [`connect`](Self::connect), creating it never waits for the cluster: it connects in
     /// the background, and until a seed answers every call fails at once with a retryable
     /// [`BackendErrorKind::Unavailable`]. With [`RedisOptions::tls`] every seed must be a
-    /// `rediss://` URL.
+    /// `rediss://` URL. A refused TLS handshake is reported as on a single node: a
+    /// non-retryable `Unavailable` whose source is a [`TlsError`](crate::TlsError) (the
+    /// backend asks a seed itself, with the same TLS configuration, why the cluster's
+    /// connection failed).
     ///
     /// # Errors
     /// [`BackendErrorKind::Other`] for no seed, a URL the `redis` crate does not read, seeds
@@ -576,12 +579,22 @@ impl RedisBackend {
         I::Item: AsRef<str>,
     {
         let mut infos = Vec::new();
+        // The seeds connected to over TLS, their certificates verified: where a refused
+        // handshake is asked for its cause.
+        let mut verified = Vec::new();
         for seed in seeds {
             let info =
                 redis::IntoConnectionInfo::into_connection_info(seed.as_ref()).map_err(map_err)?;
-            if options.tls.is_some() && !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
-            {
-                return Err(plaintext_with_tls());
+            match info.addr() {
+                redis::ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: false,
+                    ..
+                } => verified.push((host.clone(), *port)),
+                redis::ConnectionAddr::TcpTls { .. } => {}
+                _ if options.tls.is_some() => return Err(plaintext_with_tls()),
+                _ => {}
             }
             infos.push(info);
         }
@@ -591,7 +604,27 @@ impl RedisBackend {
                 "RedisBackend::connect_cluster needs at least one seed URL",
             ));
         }
-        Self::with_cluster_builder(redis::cluster::ClusterClientBuilder::new(infos), options)
+        // Every seed on verified TLS: its configuration is the one the crate builds from
+        // `RedisOptions::tls` (or the platform's roots).
+        let tls = if verified.len() == infos.len() {
+            let config = options
+                .tls
+                .clone()
+                .unwrap_or_default()
+                .client_config(crate::tls::Verify::Full)
+                .map_err(|e| BackendError::new(BackendErrorKind::Other, e.to_string()))?;
+            Some(cluster::TlsProbe {
+                seeds: verified,
+                config: Arc::new(config),
+            })
+        } else {
+            None
+        };
+        Self::cluster(
+            redis::cluster::ClusterClientBuilder::new(infos),
+            options,
+            tls,
+        )
     }
 
     /// A backend on a Redis Cluster client builder of the application's own, with its seed
@@ -603,7 +636,10 @@ impl RedisBackend {
     /// retries would send a command again after an I/O error or a timeout, when it may have
     /// run; the backend follows `MOVED` and `ASK` itself), RESP3 (a node's connection reports
     /// its end, to be replaced before the next command), and the timeouts and certificates of
-    /// `options`, which replace the builder's.
+    /// `options`, which replace the builder's. It does not know the builder's seeds, so a
+    /// refused TLS handshake is a retryable `Unavailable` naming the cause in its message
+    /// only (not a typed [`TlsError`](crate::TlsError) as from
+    /// [`connect_cluster`](Self::connect_cluster)).
     ///
     /// # Errors
     /// [`BackendErrorKind::Other`] for a builder the `redis` crate refuses (no seed, seeds
@@ -622,6 +658,16 @@ impl RedisBackend {
         builder: redis::cluster::ClusterClientBuilder,
         options: RedisOptions,
     ) -> Result<Self, BackendError> {
+        Self::cluster(builder, options, None)
+    }
+
+    /// [`with_cluster_builder`](Self::with_cluster_builder), naming the cause of a refused
+    /// TLS connection through `tls` if given.
+    fn cluster(
+        builder: redis::cluster::ClusterClientBuilder,
+        options: RedisOptions,
+        tls: Option<cluster::TlsProbe>,
+    ) -> Result<Self, BackendError> {
         check_options(&options)?;
         let mut builder = builder
             .retries(0)
@@ -638,6 +684,7 @@ impl RedisBackend {
         let client = builder.build().map_err(map_err)?;
         let cluster = Arc::new(Cluster::new(
             client,
+            tls,
             options.connect_timeout,
             options.response_timeout,
         ));

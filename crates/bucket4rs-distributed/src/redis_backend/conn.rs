@@ -135,13 +135,13 @@ fn unavailable_within(budget: Duration) -> BackendError {
 }
 
 /// The longest a TLS connection that timed out leaves for asking the address in plaintext.
-const PROBE: Duration = Duration::from_millis(200);
+pub(super) const PROBE: Duration = Duration::from_millis(200);
 
 /// Whether `host:port` answers a plaintext `PING` with a Redis reply (`+PONG`, or an error
 /// such as `-NOAUTH`) within `budget`: a plaintext Redis where TLS was asked for. Needed
 /// because such a server reads the TLS hello as an inline command and, unless the hello
 /// happens to hold a newline byte, waits for the rest of it: the handshake gets no answer.
-async fn answers_plaintext(host: &str, port: u16, budget: Duration) -> bool {
+pub(super) async fn answers_plaintext(host: &str, port: u16, budget: Duration) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let probe = async {
         let mut stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;

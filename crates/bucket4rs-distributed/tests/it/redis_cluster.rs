@@ -784,6 +784,7 @@ fn cluster_over_tls_with_a_private_ca_keeps_its_limits() {
             .unwrap_err();
         println!("cluster over TLS, CA not trusted: {e}");
         assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{e}");
+        assert!(!e.is_retryable(), "a refused handshake: {e}");
         assert_eq!(untrusting.stats().round_trips, 0, "nothing was sent");
     });
 }
@@ -881,4 +882,74 @@ fn fault_cluster_failover_waiting_for_a_replica_over_grants_nothing() {
     let f = cluster_over_grant(true);
     assert_eq!((f.after_cut, f.in_doubt), (0, 40), "{f:?}");
     assert_eq!((f.over, f.under), (0, 0), "{f:?}");
+}
+
+/// Each refused TLS connection to a cluster is the single node's typed, non-retryable error
+/// (its `source()` a `TlsError`), never a plaintext connection, though the crate reports it as
+/// text: a CA that did not sign the nodes' certificates, a host name they do not name, a
+/// plaintext cluster where TLS was asked for. Nothing is sent.
+#[test]
+fn cluster_tls_refusals_are_typed_errors() {
+    use bucket4rs_distributed::{TlsError, TlsOptions};
+    use std::error::Error as _;
+    let certs = Certs::new();
+    let tls_cluster = OwnCluster::start_with(Some(&certs));
+    let plain_cluster = OwnCluster::start();
+    let trusting = |ca: &str| TlsOptions::default().ca_file(certs.path(ca)).unwrap();
+    let ports = |c: &OwnCluster, host: &str| -> Vec<String> {
+        c.ports
+            .iter()
+            .map(|p| format!("rediss://{host}:{p}"))
+            .collect()
+    };
+    runtime().block_on(async {
+        let cases = [
+            (
+                "a CA that did not sign the nodes' certificates",
+                ports(&tls_cluster, "localhost"),
+                trusting("other-ca.pem"),
+                TlsError::UnknownIssuer,
+            ),
+            (
+                "a host name the certificates do not name",
+                ports(&tls_cluster, "127.0.0.1"),
+                trusting("ca.pem"),
+                TlsError::HostnameMismatch,
+            ),
+            (
+                "a plaintext cluster",
+                ports(&plain_cluster, "localhost"),
+                trusting("ca.pem"),
+                TlsError::NotTls,
+            ),
+        ];
+        for (what, seeds, tls, expected) in cases {
+            let options = RedisOptions::default()
+                .connect_timeout(Duration::from_millis(500))
+                .tls(tls);
+            let backend = RedisBackend::connect_cluster(&seeds, options)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: created all the same: {e}"));
+            let key = patient(backend.clone()).storage_key("k").unwrap();
+            // Until the background connection has met the nodes.
+            let by = Instant::now() + Duration::from_secs(10);
+            let (e, took) = loop {
+                let t = Instant::now();
+                let e = bucket4rs_distributed::Backend::read(&backend, &key)
+                    .await
+                    .expect_err(what);
+                if !e.is_retryable() || Instant::now() > by {
+                    break (e, t.elapsed());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            println!("cluster tls, {what}: {e} (in {took:?})");
+            let cause = e.source().and_then(|s| s.downcast_ref::<TlsError>());
+            assert_eq!(cause, Some(&expected), "{what}: {e}");
+            assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{what}: {e}");
+            assert!(!e.is_retryable(), "{what}: {e}");
+            assert!(took < Duration::from_secs(2), "{what}: {took:?}");
+            assert_eq!(backend.stats().round_trips, 0, "{what}: nothing was sent");
+        }
+    });
 }
