@@ -693,30 +693,44 @@ impl RedisBackend {
     }
 
     /// A backend for the master of the service `master` that the Redis Sentinels at
-    /// `sentinels` (`redis://host:26379` URLs, with the sentinels' own credentials if any)
-    /// monitor, with `options`; otherwise as [`connect`](Self::connect).
+    /// `sentinels` monitor, with `options`; otherwise as [`connect`](Self::connect).
     ///
-    /// Each new connection asks the sentinels for the current master (and checks that it
-    /// says it is one). After a failover the old master's connections end, or it answers as a
-    /// replica (`READONLY`, a refused command: retryable, nothing was written), so the next
-    /// call connects to the promoted replica, without a restart. Until the sentinels name a
-    /// master that answers, calls fail at once with a retryable
-    /// [`BackendErrorKind::Unavailable`]. Replication is asynchronous: writes the old master
-    /// acknowledged and did not pass on before it failed are lost, so its buckets may grant
-    /// again what they had granted (see `docs/distributed.md`).
+    /// `sentinels` are `redis://[user:password@]host:26379` URLs with the sentinels' own
+    /// credentials if they have any (`requirepass` on the sentinels), or `rediss://` URLs for
+    /// sentinels on TLS; all of them alike. `master` is the service's name, or a URL naming
+    /// it with how its master (and replicas) are reached: `redis://[user:password@]NAME[/db]`
+    /// for a master with a password (`requirepass`) or an ACL user, `rediss://…` for a master
+    /// on TLS (the port, if any, is not used: the sentinels name the address). With
+    /// [`RedisOptions::tls`] the certificates (private CAs, a client certificate) apply to
+    /// whichever of the sentinels and the master are on TLS; one of them must be.
     ///
-    /// The master is reached over plaintext RESP3, database 0, without credentials: a master
-    /// with a password or TLS is not supported by this constructor yet.
+    /// Each new connection asks the sentinels for the current master and checks with `ROLE`
+    /// that it is one before anything is sent on it. After a failover the old master's
+    /// connections end, or it answers as a replica (`READONLY`, a refused command: retryable,
+    /// nothing was written), so the next call connects to the promoted replica, without a
+    /// restart. Until the sentinels name a master that answers, calls fail at once with a
+    /// retryable [`BackendErrorKind::Unavailable`]; a refused TLS handshake (with the
+    /// sentinels or the master) or refused credentials are a non-retryable `Unavailable`
+    /// instead (the first with a [`TlsError`](crate::TlsError) as its source). Replication
+    /// is asynchronous: writes the old master acknowledged and did not pass on before it
+    /// failed are lost, so its buckets may grant again what they had granted, unless
+    /// [`RedisOptions::wait_for_replicas`] (see `docs/distributed.md`).
     ///
     /// # Errors
     /// [`BackendErrorKind::Other`] for no sentinel, a URL the `redis` crate does not read,
-    /// [`RedisOptions::tls`] (not supported here yet) and a zero response or connect timeout.
+    /// sentinels' URLs that disagree (credentials, TLS), [`RedisOptions::tls`] with neither
+    /// the sentinels nor the master on TLS, and options every call would fail with.
     ///
     /// ```no_run
     /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let sentinels = ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"];
     /// let backend = RedisBackend::connect_sentinel(sentinels, "limits", RedisOptions::default()).await?;
+    /// // Sentinels with a password of their own; a master with an ACL user, on TLS.
+    /// let sentinels = ["rediss://:sentinel-secret@10.0.0.1:26379"];
+    /// let backend =
+    ///     RedisBackend::connect_sentinel(sentinels, "rediss://app:secret@limits", RedisOptions::default())
+    ///         .await?;
     /// # Ok(()) }
     /// ```
     pub async fn connect_sentinel<I>(
@@ -728,28 +742,146 @@ impl RedisBackend {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        check_options(&options)?;
+        let refuse = |why: &str| {
+            Err(BackendError::new(
+                BackendErrorKind::Other,
+                format!("RedisBackend::connect_sentinel: {why}"),
+            ))
+        };
+        let mut addrs = Vec::new();
+        // The sentinels' (TLS, user, password), which must agree.
+        let mut common: Option<(bool, Option<String>, Option<String>)> = None;
+        for url in sentinels {
+            let info =
+                redis::IntoConnectionInfo::into_connection_info(url.as_ref()).map_err(map_err)?;
+            let settings = info.redis_settings();
+            let these = (
+                matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }),
+                settings.username().map(str::to_owned),
+                settings.password().map(str::to_owned),
+            );
+            if common.as_ref().is_some_and(|c| *c != these) {
+                return refuse("the sentinels' URLs disagree on TLS or credentials");
+            }
+            common = Some(these);
+            addrs.push(info.addr().clone());
+        }
+        let Some((sentinels_tls, user, password)) = common else {
+            return refuse("at least one sentinel URL is needed");
+        };
+        let (service, node) = if master.contains("://") {
+            let info = redis::IntoConnectionInfo::into_connection_info(master).map_err(map_err)?;
+            let (name, tls) = match info.addr() {
+                redis::ConnectionAddr::Tcp(host, _) => (host.clone(), None),
+                redis::ConnectionAddr::TcpTls { host, insecure, .. } => (
+                    host.clone(),
+                    Some(if *insecure {
+                        redis::TlsMode::Insecure
+                    } else {
+                        redis::TlsMode::Secure
+                    }),
+                ),
+                _ => return refuse("the master's URL must be redis:// or rediss://"),
+            };
+            (name, Some((info.redis_settings().clone(), tls)))
+        } else {
+            (master.to_owned(), None)
+        };
+        let mut builder = redis::sentinel::SentinelClientBuilder::new(
+            addrs,
+            service,
+            redis::sentinel::SentinelServerType::Master,
+        )
+        .map_err(map_err)?;
+        if let Some(user) = user {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = password {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        let mut master_tls = false;
+        if let Some((settings, tls)) = node {
+            if let Some(user) = settings.username() {
+                builder = builder.set_client_to_redis_username(user);
+            }
+            if let Some(password) = settings.password() {
+                builder = builder.set_client_to_redis_password(password);
+            }
+            builder = builder.set_client_to_redis_db(settings.db());
+            if let Some(mode) = tls {
+                builder = builder.set_client_to_redis_tls_mode(mode);
+                master_tls = true;
+            }
+        }
+        if let Some(tls) = &options.tls {
+            if !sentinels_tls && !master_tls {
+                return Err(plaintext_with_tls());
+            }
+            if sentinels_tls {
+                builder = builder.set_client_to_sentinel_certificates(tls.redis_certificates());
+            }
+            if master_tls {
+                builder = builder.set_client_to_redis_certificates(tls.redis_certificates());
+            }
+        }
+        Self::sentinel(builder, options)
+    }
+
+    /// A backend on a Redis Sentinel client builder of the application's own (the sentinels,
+    /// the service, their credentials and TLS, and the master's credentials, database and
+    /// TLS, certificates included); otherwise as [`connect_sentinel`](Self::connect_sentinel).
+    ///
+    /// The backend makes its connections to the master from the client it builds, speaking
+    /// RESP3 whatever the builder says (a connection must report its end to be replaced before
+    /// the next command), and checks each with `ROLE` (a builder for a replica only gets
+    /// retryable refusals). Certificates are the builder's
+    /// (`set_client_to_redis_certificates`, `set_client_to_sentinel_certificates`).
+    ///
+    /// # Errors
+    /// [`BackendErrorKind::Other`] for a builder the `redis` crate refuses, for
+    /// [`RedisOptions::tls`] (give the certificates to the builder) and for options every call
+    /// would fail with.
+    ///
+    /// ```no_run
+    /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
+    /// use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let sentinels = [redis::ConnectionAddr::Tcp("10.0.0.1".into(), 26379)];
+    /// let builder = SentinelClientBuilder::new(sentinels, "limits", SentinelServerType::Master)?
+    ///     .set_client_to_sentinel_password("sentinel-secret")
+    ///     .set_client_to_redis_username("app")
+    ///     .set_client_to_redis_password("secret");
+    /// let backend = RedisBackend::with_sentinel_builder(builder, RedisOptions::default())?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_sentinel_builder(
+        builder: redis::sentinel::SentinelClientBuilder,
+        options: RedisOptions,
+    ) -> Result<Self, BackendError> {
         if options.tls.is_some() {
             return Err(BackendError::new(
                 BackendErrorKind::Other,
-                "RedisBackend::connect_sentinel does not support RedisOptions::tls yet",
+                "RedisBackend::with_sentinel_builder: RedisOptions::tls is refused here; give \
+                 the certificates to the builder (set_client_to_redis_certificates, \
+                 set_client_to_sentinel_certificates)",
             ));
         }
-        let urls: Vec<String> = sentinels
-            .into_iter()
-            .map(|s| s.as_ref().to_owned())
-            .collect();
-        let sentinel = redis::sentinel::Sentinel::build(urls).map_err(map_err)?;
-        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(
-                redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3),
-            );
+        Self::sentinel(builder, options)
+    }
+
+    fn sentinel(
+        builder: redis::sentinel::SentinelClientBuilder,
+        options: RedisOptions,
+    ) -> Result<Self, BackendError> {
+        check_options(&options)?;
+        let client = builder
+            .set_client_to_redis_protocol(ProtocolVersion::RESP3)
+            .build()
+            .map_err(map_err)?;
+        // The rustls provider the crate's TLS connections (sentinels, master) are built with.
+        crate::tls::install_provider();
         let pool = Arc::new(Pool::new(
-            Source::Sentinel {
-                sentinel: tokio::sync::Mutex::new(sentinel),
-                master: master.to_owned(),
-                node,
-            },
+            Source::Sentinel(tokio::sync::Mutex::new(client)),
             options.connections,
             options.connect_timeout,
             options.response_timeout,

@@ -147,19 +147,8 @@ pub(crate) fn cut_replication(
     replica: u16,
     user: &str,
 ) {
+    caught_up(cli, master, replica);
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let sent = info_field(&cli(master, &["INFO", "replication"]), "master_repl_offset");
-        let had = info_field(&cli(replica, &["INFO", "replication"]), "slave_repl_offset");
-        if sent.is_some() && sent == had {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the replica did not catch up: {sent:?} vs {had:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
     cli(master, &["ACL", "SETUSER", user, "off"]);
     cli(master, &["CLIENT", "KILL", "TYPE", "replica"]);
     loop {
@@ -174,6 +163,24 @@ pub(crate) fn cut_replication(
         assert!(
             Instant::now() < deadline,
             "the replica is still linked: {link:?}, {replicas:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until the replica on `replica` has everything its master on `master` has (their
+/// replication offsets agree), within 10 s.
+pub(crate) fn caught_up(cli: &dyn Fn(u16, &[&str]) -> String, master: u16, replica: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let sent = info_field(&cli(master, &["INFO", "replication"]), "master_repl_offset");
+        let had = info_field(&cli(replica, &["INFO", "replication"]), "slave_repl_offset");
+        if sent.is_some() && sent == had {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica did not catch up: {sent:?} vs {had:?}"
         );
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -992,3 +992,45 @@ fn waiting_for_a_replica_grants_only_writes_it_acknowledged() {
         );
     });
 }
+
+/// A server that refuses the backend's credentials (a wrong password, none where one is
+/// needed): every call fails at once with an `Unavailable` that is not retryable (the same
+/// connection fails the same way until the configuration changes), naming the cause;
+/// nothing is sent.
+#[test]
+fn refused_credentials_are_not_retryable() {
+    let server = OwnRedis::start_with(None, None, &["--requirepass", "right"]);
+    runtime().block_on(async {
+        for (what, url) in [
+            (
+                "a wrong password",
+                format!("redis://:wrong@127.0.0.1:{}", server.port),
+            ),
+            ("no password", server.url()),
+        ] {
+            let backend = RedisBackend::connect(&url, RedisOptions::default())
+                .await
+                .unwrap();
+            let manager = ProxyManager::configure(backend.clone())
+                .circuit_breaker(CircuitBreaker::off())
+                .build()
+                .unwrap();
+            let b = manager
+                .builder()
+                .build("k", || simple(10, Duration::from_secs(60)))
+                .unwrap();
+            let e = b.try_consume(1).await.unwrap_err();
+            println!("refused credentials, {what}: {e}");
+            let DistributedError::Backend(be) = &e else {
+                panic!("{what}: a backend error: {e}");
+            };
+            assert_eq!(be.kind(), BackendErrorKind::Unavailable, "{what}: {e}");
+            assert!(!e.is_retryable(), "{what}: {e}");
+            assert!(
+                e.to_string().contains("refused the credentials"),
+                "{what}: {e}"
+            );
+            assert_eq!(backend.stats().round_trips, 0, "{what}");
+        }
+    });
+}

@@ -255,6 +255,11 @@ impl OwnSentinels {
             .collect()
     }
 
+    /// The sentinels' ports.
+    pub(crate) fn ports(&self) -> Vec<u16> {
+        self.sentinels.clone()
+    }
+
     /// The sentinels' URLs with this setup's password.
     pub(crate) fn urls(&self) -> Vec<String> {
         self.urls_with(self.password.as_deref())
@@ -541,4 +546,258 @@ fn fault_sentinel_failover_waiting_for_a_replica_over_grants_nothing() {
     let f = sentinel_over_grant(true);
     assert_eq!((f.after_cut, f.in_doubt), (0, 40), "{f:?}");
     assert_eq!((f.over, f.under), (0, 0), "{f:?}");
+}
+
+/// A backend's first answer through `manager`'s bucket `b`: retried while retryable (the
+/// backend has just been created and connects in the background), for up to 10 s.
+async fn first_answer<T>(
+    mut call: impl AsyncFnMut() -> Result<T, bucket4rs_distributed::DistributedError>,
+) -> Result<T, bucket4rs_distributed::DistributedError> {
+    let by = Instant::now() + Duration::from_secs(10);
+    loop {
+        match call().await {
+            Err(e) if e.is_retryable() && Instant::now() < by => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Sentinels and servers that all require a password (the sentinels `requirepass`, the master
+/// and replica `requirepass`, the sentinels' `auth-pass`): a wrong or missing password, for
+/// the sentinels or for the master, is a typed error that is not retryable (it fails the same
+/// way until the configuration changes); with the right ones the limits are kept, and kept
+/// across a failover (`kill -9` of the master once its replica has caught up).
+#[test]
+fn fault_sentinel_with_passwords_refuses_wrong_ones_keeps_its_limits_and_fails_over() {
+    use bucket4rs_distributed::BackendErrorKind;
+    use std::error::Error as _;
+    const PASSWORD: &str = "s3cret-pass";
+    let mut servers = OwnSentinels::start_with(&Setup {
+        password: Some(PASSWORD),
+        ..Setup::default()
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let capacity = 20u64;
+    let config = move || simple(capacity, Duration::from_secs(1_000_000));
+    let master_url = format!("redis://:{PASSWORD}@{SERVICE}");
+    let options = || {
+        RedisOptions::default()
+            .response_timeout(Duration::from_millis(300))
+            .connect_timeout(Duration::from_millis(300))
+    };
+    rt.block_on(async {
+        let prefix = unique_prefix("sentinel-auth");
+        let cases = [
+            (
+                "no password for the sentinels",
+                servers.urls_with(None),
+                master_url.clone(),
+            ),
+            (
+                "a wrong password for the sentinels",
+                servers.urls_with(Some("wrong")),
+                master_url.clone(),
+            ),
+            (
+                "no password for the master",
+                servers.urls(),
+                SERVICE.to_owned(),
+            ),
+            (
+                "a wrong password for the master",
+                servers.urls(),
+                format!("redis://:wrong@{SERVICE}"),
+            ),
+        ];
+        for (what, sentinels, master) in cases {
+            let backend = RedisBackend::connect_sentinel(sentinels, &master, options())
+                .await
+                .unwrap_or_else(|e| panic!("{what}: created all the same: {e}"));
+            let manager = ProxyManager::configure(backend.clone())
+                .key_prefix(prefix.as_str())
+                .circuit_breaker(CircuitBreaker::off())
+                .build()
+                .unwrap();
+            let b = manager.builder().build("k", config).unwrap();
+            let e = first_answer(async || b.try_consume(1).await)
+                .await
+                .expect_err(what);
+            println!("sentinel with passwords, {what}: {e}");
+            let bucket4rs_distributed::DistributedError::Backend(be) = &e else {
+                panic!("{what}: a backend error: {e}");
+            };
+            assert_eq!(be.kind(), BackendErrorKind::Unavailable, "{what}: {e}");
+            assert!(!e.is_retryable(), "{what}: it cannot pass: {e}");
+            assert!(
+                e.to_string().contains("refused the credentials"),
+                "{what}: {e}"
+            );
+            let redis = be
+                .source()
+                .and_then(|s| s.downcast_ref::<redis::RedisError>());
+            assert!(
+                redis.is_some(),
+                "{what}: the driver's error as the source: {e}"
+            );
+            assert_eq!(backend.stats().round_trips, 0, "{what}: nothing was sent");
+        }
+
+        let backend = RedisBackend::connect_sentinel(servers.urls(), &master_url, options())
+            .await
+            .unwrap();
+        let manager = ProxyManager::configure(backend.clone())
+            .key_prefix(prefix.as_str())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let b = manager.builder().build("k", config).unwrap();
+        assert!(first_answer(async || b.try_consume(5).await).await.unwrap());
+        assert!(!b.try_consume(16).await.unwrap(), "beyond the limit");
+        assert_eq!(b.available_tokens().await.unwrap(), 15);
+        let (master, replica) = (servers.master, servers.replica);
+        tokio::task::block_in_place(|| {
+            crate::failover::caught_up(&|p, a| servers.cli(p, a), master, replica);
+            servers.kill_master();
+            let by = Instant::now() + Duration::from_secs(20);
+            wait_until("the replica is promoted", by, || {
+                servers.named_master() == Some(replica)
+            });
+        });
+        let granted = first_answer(async || b.try_consume(15).await)
+            .await
+            .unwrap();
+        assert!(granted, "the promoted replica had the 15 tokens left");
+        assert!(!b.try_consume(1).await.unwrap(), "and no more");
+        println!(
+            "sentinel with passwords: 5 + 15 of {capacity} granted across the failover to \
+             :{replica}, the 21st refused; stats {:?}",
+            backend.stats()
+        );
+    });
+}
+
+/// Sentinels, master and replica on TLS only with a private CA (`rediss://` sentinels, a
+/// `rediss://` master, `RedisOptions::tls` with the CA): the limits are kept; without the CA
+/// the handshake with the sentinels is refused, typed and not retryable.
+#[test]
+fn sentinel_over_tls_with_a_private_ca_keeps_its_limits() {
+    use bucket4rs_distributed::{TlsError, TlsOptions};
+    use std::error::Error as _;
+    let certs = Certs::new();
+    let servers = OwnSentinels::start_with(&Setup {
+        tls: Some(&certs),
+        ..Setup::default()
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let config = || simple(10, Duration::from_secs(1_000_000));
+    rt.block_on(async {
+        let prefix = unique_prefix("sentinel-tls");
+        let tls = TlsOptions::default().ca_file(certs.path("ca.pem")).unwrap();
+        let master = format!("rediss://{SERVICE}");
+        let backend = RedisBackend::connect_sentinel(
+            servers.urls(),
+            &master,
+            RedisOptions::default().tls(tls),
+        )
+        .await
+        .unwrap();
+        let manager = ProxyManager::configure(backend.clone())
+            .key_prefix(prefix.as_str())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let b = manager.builder().build("k", config).unwrap();
+        assert!(first_answer(async || b.try_consume(4).await).await.unwrap());
+        assert!(!b.try_consume(7).await.unwrap());
+        assert!(b.try_consume(6).await.unwrap());
+        assert_eq!(b.available_tokens().await.unwrap(), 0);
+        println!(
+            "sentinel over TLS: 4 + 6 of 10 granted, 7 refused; stats {:?}",
+            backend.stats()
+        );
+
+        // The same through a builder of the application's own, its certificates set on it.
+        let builder = || {
+            let ca = std::fs::read(certs.path("ca.pem")).unwrap();
+            let certificates = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca),
+            };
+            let sentinels = servers
+                .ports()
+                .into_iter()
+                .map(|port| redis::ConnectionAddr::TcpTls {
+                    host: "localhost".to_owned(),
+                    port,
+                    insecure: false,
+                    tls_params: None,
+                });
+            redis::sentinel::SentinelClientBuilder::new(
+                sentinels,
+                SERVICE,
+                redis::sentinel::SentinelServerType::Master,
+            )
+            .unwrap()
+            .set_client_to_sentinel_certificates(certificates.clone())
+            .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+            .set_client_to_redis_certificates(certificates)
+        };
+        let own = RedisBackend::with_sentinel_builder(builder(), RedisOptions::default()).unwrap();
+        let manager = ProxyManager::configure(own)
+            .key_prefix(prefix.as_str())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let b = manager.builder().build("own", config).unwrap();
+        assert!(
+            first_answer(async || b.try_consume(10).await)
+                .await
+                .unwrap()
+        );
+        assert!(!b.try_consume(1).await.unwrap());
+        // Its certificates are the builder's: RedisOptions::tls is refused rather than ignored.
+        let tls = TlsOptions::default().ca_file(certs.path("ca.pem")).unwrap();
+        let e = RedisBackend::with_sentinel_builder(builder(), RedisOptions::default().tls(tls))
+            .unwrap_err();
+        assert_eq!(
+            e.kind(),
+            bucket4rs_distributed::BackendErrorKind::Other,
+            "{e}"
+        );
+
+        let untrusting = RedisBackend::connect_sentinel(
+            servers.urls(),
+            &master,
+            RedisOptions::default().connect_timeout(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap();
+        let manager = ProxyManager::configure(untrusting.clone())
+            .key_prefix(prefix.as_str())
+            .circuit_breaker(CircuitBreaker::off())
+            .build()
+            .unwrap();
+        let b = manager.builder().build("k", config).unwrap();
+        let e = first_answer(async || b.available_tokens().await)
+            .await
+            .unwrap_err();
+        println!("sentinel over TLS, CA not trusted: {e}");
+        let bucket4rs_distributed::DistributedError::Backend(be) = &e else {
+            panic!("a backend error: {e}");
+        };
+        let cause = be.source().and_then(|s| s.downcast_ref::<TlsError>());
+        assert_eq!(cause, Some(&TlsError::UnknownIssuer), "{e}");
+        assert!(!e.is_retryable(), "{e}");
+        assert_eq!(untrusting.stats().round_trips, 0, "nothing was sent");
+    });
 }
