@@ -21,9 +21,11 @@ use bucket4rs_distributed::{ProxyManager, RedisBackend, RedisOptions, RemoteBuck
 /// Rounds of each scenario (each runs both backends; the median ratio is reported).
 const ROUNDS: usize = 5;
 
-/// A redis-server without persistence on a free loopback port; killed on drop.
+/// A redis-server without persistence on a free loopback port, its files (a replica's copy
+/// of the master's data) in a directory of its own; killed and removed on drop.
 struct Server {
     port: u16,
+    dir: std::path::PathBuf,
     child: Child,
 }
 
@@ -33,9 +35,13 @@ impl Server {
             .and_then(|l| l.local_addr())
             .expect("a free loopback port")
             .port();
+        let dir = std::env::temp_dir().join(format!("b4-wait-bench-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory for redis-server");
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir)
             .args(extra)
             .stdout(Stdio::null())
             .spawn()
@@ -45,7 +51,7 @@ impl Server {
             assert!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Self { port, child }
+        Self { port, dir, child }
     }
 
     fn info(&self) -> String {
@@ -61,6 +67,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
