@@ -274,6 +274,41 @@ pub(crate) async fn over_grant<B: Backend>(
     }
 }
 
+impl OverGrant {
+    /// How a run is named: with or without waiting for a replica.
+    pub(crate) fn label(waited: bool) -> &'static str {
+        if waited {
+            "wait_for_replicas(1, 50 ms)"
+        } else {
+            "no wait for replicas"
+        }
+    }
+
+    /// What a run must count. Without waiting for replicas: all 40 calls after the cut
+    /// granted, and granted again by the promoted replica (over-granted exactly those). With
+    /// it: all 40 in doubt, none granted, nothing over-granted. Either way nothing is
+    /// unaccounted (the replica had every write before the cut).
+    pub(crate) fn check(&self, waited: bool) {
+        if waited {
+            assert_eq!((self.after_cut, self.in_doubt), (0, 40), "{self}");
+            assert_eq!(self.over, 0, "{self}");
+        } else {
+            assert_eq!((self.after_cut, self.in_doubt), (40, 0), "{self}");
+            assert_eq!(self.over, self.after_cut, "{self}");
+        }
+        assert_eq!(self.under, 0, "{self}");
+    }
+}
+
+/// Waits (10 s at most) until `probe`'s backend answers: it connects in the background.
+pub(crate) async fn reached<B: Backend>(probe: &RemoteBucket<B>, what: &str) {
+    let by = Instant::now() + Duration::from_secs(10);
+    while probe.available_tokens().await.is_err() {
+        assert!(Instant::now() < by, "the backend never reached {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 impl std::fmt::Display for OverGrant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

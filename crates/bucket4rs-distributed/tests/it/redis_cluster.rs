@@ -15,8 +15,9 @@ use bucket4rs_distributed::{
 use bucket4rs_testkit::BackendKit;
 
 use crate::certs::Certs;
+use crate::common::multi_thread_runtime as runtime;
 use crate::common::{patient, simple, unique_prefix};
-use crate::failover::{Counted, Load, OverGrant, cut_replication, over_grant};
+use crate::failover::{Counted, Load, OverGrant, cut_replication, over_grant, reached};
 use crate::redis_sentinel::REPL_USER;
 
 /// A node of `CLUSTER NODES`.
@@ -406,14 +407,6 @@ async fn connect(cluster: &OwnCluster) -> RedisBackend {
         .expect("a valid cluster configuration")
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
 /// Every promise of the backend trait, the conformance traces included (`conformance: …
 /// (engine: redis-cluster)`), through a cluster of the test's own.
 #[test]
@@ -674,14 +667,7 @@ fn fault_cluster_master_killed_under_load_fails_over_to_its_replica() {
             );
         }
         let probe = managers[0].builder().build("hot", config).unwrap();
-        let setup = Instant::now() + Duration::from_secs(10);
-        while probe.available_tokens().await.is_err() {
-            assert!(
-                Instant::now() < setup,
-                "the backend never reached the cluster"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        reached(&probe, "the cluster").await;
         let (_, old) = cluster.master_of(probe.key().as_str());
         let load = Load::start(
             managers
@@ -819,14 +805,7 @@ fn cluster_over_grant(wait: bool) -> OverGrant {
             buckets.push(manager.builder().build("hot", config).unwrap());
         }
         let probe = buckets.pop().expect("a probe");
-        let setup = Instant::now() + Duration::from_secs(10);
-        while probe.available_tokens().await.is_err() {
-            assert!(
-                Instant::now() < setup,
-                "the backend never reached the cluster"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        reached(&probe, "the cluster").await;
         let (_, old) = cluster.master_of(probe.key().as_str());
         let replica: u16 = cli(old.port, &["INFO", "replication"])
             .lines()
@@ -854,11 +833,7 @@ fn cluster_over_grant(wait: bool) -> OverGrant {
         .await;
         println!(
             "fault: cluster failover to a replica cut off before 40 calls ({}): {figures}",
-            if wait {
-                "wait_for_replicas(1, 50 ms)"
-            } else {
-                "no wait for replicas"
-            }
+            OverGrant::label(wait)
         );
         figures
     })
@@ -869,19 +844,14 @@ fn cluster_over_grant(wait: bool) -> OverGrant {
 #[test]
 fn fault_cluster_failover_to_a_lagging_replica_over_grants_what_the_old_master_granted_after_the_cut()
  {
-    let f = cluster_over_grant(false);
-    assert_eq!((f.after_cut, f.in_doubt), (40, 0), "{f:?}");
-    assert_eq!(f.over, f.after_cut, "{f:?}");
-    assert_eq!(f.under, 0, "{f:?}");
+    cluster_over_grant(false).check(false);
 }
 
 /// Waiting for one replica, no call after the cut is granted (each is in doubt), and the
 /// failover over-grants nothing.
 #[test]
 fn fault_cluster_failover_waiting_for_a_replica_over_grants_nothing() {
-    let f = cluster_over_grant(true);
-    assert_eq!((f.after_cut, f.in_doubt), (0, 40), "{f:?}");
-    assert_eq!((f.over, f.under), (0, 0), "{f:?}");
+    cluster_over_grant(true).check(true);
 }
 
 /// Each refused TLS connection to a cluster is the single node's typed, non-retryable error

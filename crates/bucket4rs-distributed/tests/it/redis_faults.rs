@@ -11,6 +11,7 @@ use bucket4rs_distributed::{
 };
 use redis::AsyncCommands;
 
+use crate::common::multi_thread_runtime as runtime;
 use crate::common::{patient, simple, unique_prefix};
 
 /// A redis-server of our own on a free loopback port (never the shared one), with an
@@ -139,14 +140,6 @@ async fn raw(server: &OwnRedis) -> redis::aio::MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .unwrap_or_else(|e| panic!("own redis-server at {} answers: {e}", server.url()))
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// The issue's plan, scaled down: 5 tokens per 400 ms, starting empty. Expiry at "full again

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use bucket4rs_distributed::{CircuitBreaker, ProxyManager, RedisBackend, RedisOptions};
 
 use crate::certs::Certs;
-use crate::common::{simple, unique_prefix};
-use crate::failover::{Counted, Load, OverGrant, cut_replication, over_grant};
+use crate::common::{multi_thread_runtime, simple, unique_prefix};
+use crate::failover::{Counted, Load, OverGrant, cut_replication, over_grant, reached};
 use crate::redis_cluster::cli;
 
 const SERVICE: &str = "limits";
@@ -321,11 +321,7 @@ impl Drop for OwnSentinels {
 #[test]
 fn fault_sentinel_failover_under_load_moves_to_the_promoted_replica() {
     let mut servers = OwnSentinels::start();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = multi_thread_runtime();
     let capacity = 100_000u64;
     let config = move || simple(capacity, Duration::from_secs(1_000_000));
     rt.block_on(async {
@@ -341,12 +337,7 @@ fn fault_sentinel_failover_under_load_moves_to_the_promoted_replica() {
             .build()
             .unwrap();
         let probe = manager.builder().build("hot", config).unwrap();
-        let setup = Instant::now() + Duration::from_secs(10);
-        // The backend connects in the background: the first calls may find no master yet.
-        while probe.available_tokens().await.is_err() {
-            assert!(Instant::now() < setup, "the backend never reached the master");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        reached(&probe, "the master").await;
         let load = Load::start(
             (0..4)
                 .map(|_| manager.builder().build("hot", config).unwrap())
@@ -463,11 +454,7 @@ fn sentinel_over_grant(wait: bool) -> OverGrant {
         replication_user: true,
         ..Setup::default()
     });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = multi_thread_runtime();
     let capacity = 100_000u64;
     let config = move || simple(capacity, Duration::from_secs(1_000_000));
     rt.block_on(async {
@@ -490,14 +477,7 @@ fn sentinel_over_grant(wait: bool) -> OverGrant {
                 .unwrap()
         };
         let probe = manager().builder().build("hot", config).unwrap();
-        let setup = Instant::now() + Duration::from_secs(10);
-        while probe.available_tokens().await.is_err() {
-            assert!(
-                Instant::now() < setup,
-                "the backend never reached the master"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        reached(&probe, "the master").await;
         let buckets: Vec<_> = (0..4)
             .map(|_| manager().builder().build("hot", config).unwrap())
             .collect();
@@ -518,11 +498,7 @@ fn sentinel_over_grant(wait: bool) -> OverGrant {
         .await;
         println!(
             "fault: sentinel failover to a replica cut off before 40 calls ({}): {figures}",
-            if wait {
-                "wait_for_replicas(1, 50 ms)"
-            } else {
-                "no wait for replicas"
-            }
+            OverGrant::label(wait)
         );
         figures
     })
@@ -533,19 +509,14 @@ fn sentinel_over_grant(wait: bool) -> OverGrant {
 #[test]
 fn fault_sentinel_failover_to_a_lagging_replica_over_grants_what_the_old_master_granted_after_the_cut()
  {
-    let f = sentinel_over_grant(false);
-    assert_eq!((f.after_cut, f.in_doubt), (40, 0), "{f:?}");
-    assert_eq!(f.over, f.after_cut, "{f:?}");
-    assert_eq!(f.under, 0, "{f:?}");
+    sentinel_over_grant(false).check(false);
 }
 
 /// Waiting for one replica, no call after the cut is granted (each is in doubt: the master
 /// applied it, no replica has it), and the failover over-grants nothing.
 #[test]
 fn fault_sentinel_failover_waiting_for_a_replica_over_grants_nothing() {
-    let f = sentinel_over_grant(true);
-    assert_eq!((f.after_cut, f.in_doubt), (0, 40), "{f:?}");
-    assert_eq!((f.over, f.under), (0, 0), "{f:?}");
+    sentinel_over_grant(true).check(true);
 }
 
 /// A backend's first answer through `manager`'s bucket `b`: retried while retryable (the
@@ -578,11 +549,7 @@ fn fault_sentinel_with_passwords_refuses_wrong_ones_keeps_its_limits_and_fails_o
         password: Some(PASSWORD),
         ..Setup::default()
     });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = multi_thread_runtime();
     let capacity = 20u64;
     let config = move || simple(capacity, Duration::from_secs(1_000_000));
     let master_url = format!("redis://:{PASSWORD}@{SERVICE}");
@@ -694,11 +661,7 @@ fn sentinel_over_tls_with_a_private_ca_keeps_its_limits() {
         tls: Some(&certs),
         ..Setup::default()
     });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = multi_thread_runtime();
     let config = || simple(10, Duration::from_secs(1_000_000));
     rt.block_on(async {
         let prefix = unique_prefix("sentinel-tls");
