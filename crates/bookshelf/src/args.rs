@@ -187,7 +187,9 @@ USAGE: bookshelf [--addr HOST:PORT] [--plans FILE]
                         keep buckets in the Redis master these sentinels name (with
                         --sentinel-master NAME); calls follow a failover
   --sentinel-master NAME
-                        the master's name in the sentinels' configuration
+                        the master's name in the sentinels' configuration, or
+                        redis[s]://[user:password@]NAME[/db] for a master with a password
+                        or on TLS
   --tls-ca FILE         trust the CA certificates in this PEM file besides the platform's
                         roots (Redis over TLS; for PostgreSQL: ?sslrootcert=FILE in the URL)
   --tls-cert FILE       present this PEM certificate chain to Redis (mutual TLS), with

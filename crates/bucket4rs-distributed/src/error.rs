@@ -231,7 +231,8 @@ impl BackendError {
 
     /// Marks a refusal that making the call again cannot pass until the configuration
     /// changes (a refused TLS handshake: a certificate the client does not trust, a host name
-    /// it does not name, a plaintext server): [`DistributedError::is_retryable`] is false for
+    /// it does not name, a plaintext server; credentials the server refuses):
+    /// [`DistributedError::is_retryable`] is false for
     /// it whatever its kind.
     #[must_use]
     pub(crate) fn refused_until_fixed(mut self, refused: bool) -> Self {
@@ -436,9 +437,9 @@ impl DistributedError {
     /// [`BackendErrorKind::Conflict`]). In-doubt errors, invalid input and unreadable records
     /// are not, and neither is a refused TLS handshake (an `Unavailable` whose
     /// [`source`](StdError::source) is a `TlsError`: an untrusted certificate, a host name
-    /// mismatch, a plaintext server), which fails the same way until the certificates or the
-    /// URL change — the backend's own verdict, kept by the manager for every caller of the
-    /// call's batch.
+    /// mismatch, a plaintext server) or refused credentials (a wrong Redis password or user),
+    /// which fail the same way until the certificates, the credentials or the URL change —
+    /// the backend's own verdict, kept by the manager for every caller of the call's batch.
     ///
     /// ```
     /// # use bucket4rs_distributed::DistributedError; use std::time::Duration;

@@ -41,16 +41,26 @@ pub struct RedisOptions {
     connect_timeout: Duration,
     connections: usize,
     tls: Option<TlsOptions>,
+    replicas: Option<Replicas>,
+}
+
+/// [`RedisOptions::wait_for_replicas`]: how many replicas must have a write, within how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Replicas {
+    count: u32,
+    timeout: Duration,
 }
 
 impl Default for RedisOptions {
-    /// 500 ms response timeout, 1 s connect timeout, one multiplexed connection.
+    /// 500 ms response timeout, 1 s connect timeout, one multiplexed connection, no wait for
+    /// replicas.
     fn default() -> Self {
         Self {
             response_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_secs(1),
             connections: 1,
             tls: None,
+            replicas: None,
         }
     }
 }
@@ -102,6 +112,38 @@ impl RedisOptions {
     /// ```
     pub fn tls(mut self, tls: TlsOptions) -> Self {
         self.tls = Some(tls);
+        self
+    }
+
+    /// Grants a write only once `replicas` replicas have it (Redis' `WAIT replicas
+    /// timeout`), against the over-grant of a failover: Redis replicates asynchronously, so a
+    /// master that dies before its replicas have a consumption lets the promoted replica grant
+    /// those tokens again.
+    ///
+    /// Every round trip that writes (the script's, the compare-and-set's, a settlement's, a
+    /// remove's) carries a `WAIT` behind its command, in the same round trip and to the same
+    /// node (on a Cluster, the master of the key's slot). When fewer than `replicas`
+    /// acknowledge the write within `timeout` (rounded up to whole milliseconds, and cut to
+    /// the caller's deadline), the call is not granted: it fails as
+    /// [`BackendErrorKind::InDoubt`] (the master applied it; if the master survives, the
+    /// manager's settlement gives it back). Round trips that cannot write (`available_tokens`,
+    /// `estimate_ability_to_consume`, reads) carry no `WAIT`, and a call whose script wrote
+    /// nothing is answered whatever the replicas say. Without it (the default) a write is
+    /// granted once the master has it.
+    ///
+    /// Checked by the constructors: `replicas` must be at least 1, and `timeout` above zero
+    /// and below the response timeout (the `WAIT`'s answer must arrive before the command's
+    /// reply is given up on); a [`BackendErrorKind::Other`] otherwise.
+    ///
+    /// ```
+    /// # use bucket4rs_distributed::RedisOptions; use std::time::Duration;
+    /// let o = RedisOptions::default().wait_for_replicas(1, Duration::from_millis(50));
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replicas = Some(Replicas {
+            count: replicas,
+            timeout,
+        });
         self
     }
 }
@@ -187,6 +229,8 @@ pub struct RedisBackend {
     op: Arc<Script>,
     cas: Arc<Script>,
     counters: Arc<Counters>,
+    /// [`RedisOptions::wait_for_replicas`].
+    replicas: Option<Replicas>,
 }
 
 /// What a backend sends its commands on: one server's connections, or a cluster's. Everything
@@ -246,13 +290,27 @@ fn map_err(e: RedisError) -> BackendError {
         .with_source(e)
 }
 
-/// Refuses options under which every call would fail (a zero response or connect timeout).
-fn check_timeouts(options: &RedisOptions) -> Result<(), BackendError> {
+/// Refuses options under which every call would fail (a zero response or connect timeout),
+/// or every write (a wait for no replica, or for longer than a reply is waited for).
+fn check_options(options: &RedisOptions) -> Result<(), BackendError> {
+    let refused = |why: &str| Err(BackendError::new(BackendErrorKind::Other, why));
     if options.response_timeout.is_zero() || options.connect_timeout.is_zero() {
-        return Err(BackendError::new(
-            BackendErrorKind::Other,
-            "RedisOptions: the response and connect timeouts must be above zero",
-        ));
+        return refused("RedisOptions: the response and connect timeouts must be above zero");
+    }
+    if let Some(r) = options.replicas {
+        if r.count == 0 {
+            return refused("RedisOptions::wait_for_replicas: at least one replica");
+        }
+        if r.timeout.is_zero() {
+            // `WAIT n 0` blocks until the replicas answer, however long.
+            return refused("RedisOptions::wait_for_replicas: the timeout must be above zero");
+        }
+        if r.timeout >= options.response_timeout {
+            return refused(
+                "RedisOptions::wait_for_replicas: the timeout must be below the response \
+                 timeout (the WAIT's answer must arrive before the reply is given up on)",
+            );
+        }
     }
     Ok(())
 }
@@ -289,6 +347,65 @@ fn sent_err(e: RedisError) -> BackendError {
     } else {
         map_err(e)
     }
+}
+
+/// A reply to one round trip: the command's value, when it arrived ([`host_micros`]), and
+/// what the `WAIT` sent behind it answered (`None`: none was sent): how many replicas
+/// acknowledged the connection's writes, or the `WAIT`'s own error.
+struct Reply {
+    value: Value,
+    arrived: i64,
+    acked: Option<Result<i64, String>>,
+}
+
+/// `cmd` (after `ASKING` if `asking`) with the `WAIT` of `replicas` behind it, as one
+/// pipeline whose replies all come back, errors as values ([`split`]). The `WAIT`'s timeout
+/// is cut to `left`, the time to the caller's deadline, in whole milliseconds and at least
+/// one (`WAIT n 0` blocks until the replicas answer, however long).
+fn with_wait(
+    asking: bool,
+    cmd: &redis::Cmd,
+    replicas: Replicas,
+    left: Duration,
+) -> redis::Pipeline {
+    let ms = replicas
+        .timeout
+        .min(left)
+        .as_nanos()
+        .div_ceil(1_000_000)
+        .max(1);
+    let mut pipe = redis::pipe();
+    if asking {
+        pipe.cmd("ASKING");
+    }
+    pipe.add_command(cmd.clone())
+        .cmd("WAIT")
+        .arg(replicas.count)
+        .arg(u64::try_from(ms).unwrap_or(u64::MAX))
+        .ignore_errors();
+    pipe
+}
+
+/// The replies of a command and of the `WAIT` behind it ([`with_wait`], without `ASKING`'s):
+/// the command's value, or its error as an error (as for a command sent alone).
+fn split(replies: Vec<Value>) -> Result<(Value, Option<Result<i64, String>>), RedisError> {
+    let mut replies = replies.into_iter();
+    let value = match replies.next() {
+        Some(Value::ServerError(e)) => return Err(e.into()),
+        Some(v) => v,
+        None => {
+            return Err(RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "no reply to the command before WAIT",
+            )));
+        }
+    };
+    let acked = match replies.next() {
+        Some(Value::Int(n)) => Ok(n),
+        Some(Value::ServerError(e)) => Err(RedisError::from(e).to_string()),
+        other => Err(format!("unexpected reply to WAIT: {other:?}")),
+    };
+    Ok((value, Some(acked)))
 }
 
 /// A reply to one of the scripts that this library cannot read: the script ran, so what it
@@ -402,7 +519,7 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub fn with_client(client: redis::Client, options: RedisOptions) -> Result<Self, BackendError> {
-        check_timeouts(&options)?;
+        check_options(&options)?;
         let client = match &options.tls {
             Some(tls) => Self::with_certificates(client, tls)?,
             None => client,
@@ -420,7 +537,7 @@ impl RedisBackend {
             options.response_timeout,
         ));
         pool.start();
-        Ok(Self::on(Conn::Node(pool)))
+        Ok(Self::on(Conn::Node(pool), options.replicas))
     }
 
     /// A backend for the Redis Cluster whose nodes include `seeds` (`redis://host:port` or
@@ -439,7 +556,10 @@ impl RedisBackend {
     /// As [`connect`](Self::connect), creating it never waits for the cluster: it connects in
     /// the background, and until a seed answers every call fails at once with a retryable
     /// [`BackendErrorKind::Unavailable`]. With [`RedisOptions::tls`] every seed must be a
-    /// `rediss://` URL.
+    /// `rediss://` URL. A refused TLS handshake is reported as on a single node: a
+    /// non-retryable `Unavailable` whose source is a [`TlsError`](crate::TlsError) (the
+    /// backend asks a seed itself, with the same TLS configuration, why the cluster's
+    /// connection failed).
     ///
     /// # Errors
     /// [`BackendErrorKind::Other`] for no seed, a URL the `redis` crate does not read, seeds
@@ -459,12 +579,22 @@ impl RedisBackend {
         I::Item: AsRef<str>,
     {
         let mut infos = Vec::new();
+        // The seeds connected to over TLS, their certificates verified: where a refused
+        // handshake is asked for its cause.
+        let mut verified = Vec::new();
         for seed in seeds {
             let info =
                 redis::IntoConnectionInfo::into_connection_info(seed.as_ref()).map_err(map_err)?;
-            if options.tls.is_some() && !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
-            {
-                return Err(plaintext_with_tls());
+            match info.addr() {
+                redis::ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: false,
+                    ..
+                } => verified.push((host.clone(), *port)),
+                redis::ConnectionAddr::TcpTls { .. } => {}
+                _ if options.tls.is_some() => return Err(plaintext_with_tls()),
+                _ => {}
             }
             infos.push(info);
         }
@@ -474,7 +604,27 @@ impl RedisBackend {
                 "RedisBackend::connect_cluster needs at least one seed URL",
             ));
         }
-        Self::with_cluster_builder(redis::cluster::ClusterClientBuilder::new(infos), options)
+        // Every seed on verified TLS: its configuration is the one the crate builds from
+        // `RedisOptions::tls` (or the platform's roots).
+        let tls = if verified.len() == infos.len() {
+            let config = options
+                .tls
+                .clone()
+                .unwrap_or_default()
+                .client_config(crate::tls::Verify::Full)
+                .map_err(|e| BackendError::new(BackendErrorKind::Other, e.to_string()))?;
+            Some(cluster::TlsProbe {
+                seeds: verified,
+                config: Arc::new(config),
+            })
+        } else {
+            None
+        };
+        Self::cluster(
+            redis::cluster::ClusterClientBuilder::new(infos),
+            options,
+            tls,
+        )
     }
 
     /// A backend on a Redis Cluster client builder of the application's own, with its seed
@@ -486,7 +636,10 @@ impl RedisBackend {
     /// retries would send a command again after an I/O error or a timeout, when it may have
     /// run; the backend follows `MOVED` and `ASK` itself), RESP3 (a node's connection reports
     /// its end, to be replaced before the next command), and the timeouts and certificates of
-    /// `options`, which replace the builder's.
+    /// `options`, which replace the builder's. It does not know the builder's seeds, so a
+    /// refused TLS handshake is a retryable `Unavailable` naming the cause in its message
+    /// only (not a typed [`TlsError`](crate::TlsError) as from
+    /// [`connect_cluster`](Self::connect_cluster)).
     ///
     /// # Errors
     /// [`BackendErrorKind::Other`] for a builder the `redis` crate refuses (no seed, seeds
@@ -505,7 +658,17 @@ impl RedisBackend {
         builder: redis::cluster::ClusterClientBuilder,
         options: RedisOptions,
     ) -> Result<Self, BackendError> {
-        check_timeouts(&options)?;
+        Self::cluster(builder, options, None)
+    }
+
+    /// [`with_cluster_builder`](Self::with_cluster_builder), naming the cause of a refused
+    /// TLS connection through `tls` if given.
+    fn cluster(
+        builder: redis::cluster::ClusterClientBuilder,
+        options: RedisOptions,
+        tls: Option<cluster::TlsProbe>,
+    ) -> Result<Self, BackendError> {
+        check_options(&options)?;
         let mut builder = builder
             .retries(0)
             .use_protocol(ProtocolVersion::RESP3)
@@ -521,38 +684,53 @@ impl RedisBackend {
         let client = builder.build().map_err(map_err)?;
         let cluster = Arc::new(Cluster::new(
             client,
+            tls,
             options.connect_timeout,
             options.response_timeout,
         ));
         cluster.start();
-        Ok(Self::on(Conn::Cluster(cluster)))
+        Ok(Self::on(Conn::Cluster(cluster), options.replicas))
     }
 
     /// A backend for the master of the service `master` that the Redis Sentinels at
-    /// `sentinels` (`redis://host:26379` URLs, with the sentinels' own credentials if any)
-    /// monitor, with `options`; otherwise as [`connect`](Self::connect).
+    /// `sentinels` monitor, with `options`; otherwise as [`connect`](Self::connect).
     ///
-    /// Each new connection asks the sentinels for the current master (and checks that it
-    /// says it is one). After a failover the old master's connections end, or it answers as a
-    /// replica (`READONLY`, a refused command: retryable, nothing was written), so the next
-    /// call connects to the promoted replica, without a restart. Until the sentinels name a
-    /// master that answers, calls fail at once with a retryable
-    /// [`BackendErrorKind::Unavailable`]. Replication is asynchronous: writes the old master
-    /// acknowledged and did not pass on before it failed are lost, so its buckets may grant
-    /// again what they had granted (see `docs/distributed.md`).
+    /// `sentinels` are `redis://[user:password@]host:26379` URLs with the sentinels' own
+    /// credentials if they have any (`requirepass` on the sentinels), or `rediss://` URLs for
+    /// sentinels on TLS; all of them alike. `master` is the service's name, or a URL naming
+    /// it with how its master (and replicas) are reached: `redis://[user:password@]NAME[/db]`
+    /// for a master with a password (`requirepass`) or an ACL user, `rediss://…` for a master
+    /// on TLS (the port, if any, is not used: the sentinels name the address). With
+    /// [`RedisOptions::tls`] the certificates (private CAs, a client certificate) apply to
+    /// whichever of the sentinels and the master are on TLS; one of them must be.
     ///
-    /// The master is reached over plaintext RESP3, database 0, without credentials: a master
-    /// with a password or TLS is not supported by this constructor yet.
+    /// Each new connection asks the sentinels for the current master and checks with `ROLE`
+    /// that it is one before anything is sent on it. After a failover the old master's
+    /// connections end, or it answers as a replica (`READONLY`, a refused command: retryable,
+    /// nothing was written), so the next call connects to the promoted replica, without a
+    /// restart. Until the sentinels name a master that answers, calls fail at once with a
+    /// retryable [`BackendErrorKind::Unavailable`]; a refused TLS handshake (with the
+    /// sentinels or the master) or refused credentials are a non-retryable `Unavailable`
+    /// instead (the first with a [`TlsError`](crate::TlsError) as its source). Replication
+    /// is asynchronous: writes the old master acknowledged and did not pass on before it
+    /// failed are lost, so its buckets may grant again what they had granted, unless
+    /// [`RedisOptions::wait_for_replicas`] (see `docs/distributed.md`).
     ///
     /// # Errors
     /// [`BackendErrorKind::Other`] for no sentinel, a URL the `redis` crate does not read,
-    /// [`RedisOptions::tls`] (not supported here yet) and a zero response or connect timeout.
+    /// sentinels' URLs that disagree (credentials, TLS), [`RedisOptions::tls`] with neither
+    /// the sentinels nor the master on TLS, and options every call would fail with.
     ///
     /// ```no_run
     /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let sentinels = ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"];
     /// let backend = RedisBackend::connect_sentinel(sentinels, "limits", RedisOptions::default()).await?;
+    /// // Sentinels with a password of their own; a master with an ACL user, on TLS.
+    /// let sentinels = ["rediss://:sentinel-secret@10.0.0.1:26379"];
+    /// let backend =
+    ///     RedisBackend::connect_sentinel(sentinels, "rediss://app:secret@limits", RedisOptions::default())
+    ///         .await?;
     /// # Ok(()) }
     /// ```
     pub async fn connect_sentinel<I>(
@@ -564,42 +742,161 @@ impl RedisBackend {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        check_timeouts(&options)?;
+        let refuse = |why: &str| {
+            Err(BackendError::new(
+                BackendErrorKind::Other,
+                format!("RedisBackend::connect_sentinel: {why}"),
+            ))
+        };
+        let mut addrs = Vec::new();
+        // The sentinels' (TLS, user, password), which must agree.
+        let mut common: Option<(bool, Option<String>, Option<String>)> = None;
+        for url in sentinels {
+            let info =
+                redis::IntoConnectionInfo::into_connection_info(url.as_ref()).map_err(map_err)?;
+            let settings = info.redis_settings();
+            let these = (
+                matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }),
+                settings.username().map(str::to_owned),
+                settings.password().map(str::to_owned),
+            );
+            if common.as_ref().is_some_and(|c| *c != these) {
+                return refuse("the sentinels' URLs disagree on TLS or credentials");
+            }
+            common = Some(these);
+            addrs.push(info.addr().clone());
+        }
+        let Some((sentinels_tls, user, password)) = common else {
+            return refuse("at least one sentinel URL is needed");
+        };
+        let (service, node) = if master.contains("://") {
+            let info = redis::IntoConnectionInfo::into_connection_info(master).map_err(map_err)?;
+            let (name, tls) = match info.addr() {
+                redis::ConnectionAddr::Tcp(host, _) => (host.clone(), None),
+                redis::ConnectionAddr::TcpTls { host, insecure, .. } => (
+                    host.clone(),
+                    Some(if *insecure {
+                        redis::TlsMode::Insecure
+                    } else {
+                        redis::TlsMode::Secure
+                    }),
+                ),
+                _ => return refuse("the master's URL must be redis:// or rediss://"),
+            };
+            (name, Some((info.redis_settings().clone(), tls)))
+        } else {
+            (master.to_owned(), None)
+        };
+        let mut builder = redis::sentinel::SentinelClientBuilder::new(
+            addrs,
+            service,
+            redis::sentinel::SentinelServerType::Master,
+        )
+        .map_err(map_err)?;
+        if let Some(user) = user {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = password {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        let mut master_tls = false;
+        if let Some((settings, tls)) = node {
+            if let Some(user) = settings.username() {
+                builder = builder.set_client_to_redis_username(user);
+            }
+            if let Some(password) = settings.password() {
+                builder = builder.set_client_to_redis_password(password);
+            }
+            builder = builder.set_client_to_redis_db(settings.db());
+            if let Some(mode) = tls {
+                builder = builder.set_client_to_redis_tls_mode(mode);
+                master_tls = true;
+            }
+        }
+        if let Some(tls) = &options.tls {
+            if !sentinels_tls && !master_tls {
+                return Err(plaintext_with_tls());
+            }
+            if sentinels_tls {
+                builder = builder.set_client_to_sentinel_certificates(tls.redis_certificates());
+            }
+            if master_tls {
+                builder = builder.set_client_to_redis_certificates(tls.redis_certificates());
+            }
+        }
+        Self::sentinel(builder, options)
+    }
+
+    /// A backend on a Redis Sentinel client builder of the application's own (the sentinels,
+    /// the service, their credentials and TLS, and the master's credentials, database and
+    /// TLS, certificates included); otherwise as [`connect_sentinel`](Self::connect_sentinel).
+    ///
+    /// The backend makes its connections to the master from the client it builds, speaking
+    /// RESP3 whatever the builder says (a connection must report its end to be replaced before
+    /// the next command), and checks each with `ROLE` (a builder for a replica only gets
+    /// retryable refusals). Certificates are the builder's
+    /// (`set_client_to_redis_certificates`, `set_client_to_sentinel_certificates`).
+    ///
+    /// # Errors
+    /// [`BackendErrorKind::Other`] for a builder the `redis` crate refuses, for
+    /// [`RedisOptions::tls`] (give the certificates to the builder) and for options every call
+    /// would fail with.
+    ///
+    /// ```no_run
+    /// # use bucket4rs_distributed::{RedisBackend, RedisOptions};
+    /// use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let sentinels = [redis::ConnectionAddr::Tcp("10.0.0.1".into(), 26379)];
+    /// let builder = SentinelClientBuilder::new(sentinels, "limits", SentinelServerType::Master)?
+    ///     .set_client_to_sentinel_password("sentinel-secret")
+    ///     .set_client_to_redis_username("app")
+    ///     .set_client_to_redis_password("secret");
+    /// let backend = RedisBackend::with_sentinel_builder(builder, RedisOptions::default())?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_sentinel_builder(
+        builder: redis::sentinel::SentinelClientBuilder,
+        options: RedisOptions,
+    ) -> Result<Self, BackendError> {
         if options.tls.is_some() {
             return Err(BackendError::new(
                 BackendErrorKind::Other,
-                "RedisBackend::connect_sentinel does not support RedisOptions::tls yet",
+                "RedisBackend::with_sentinel_builder: RedisOptions::tls is refused here; give \
+                 the certificates to the builder (set_client_to_redis_certificates, \
+                 set_client_to_sentinel_certificates)",
             ));
         }
-        let urls: Vec<String> = sentinels
-            .into_iter()
-            .map(|s| s.as_ref().to_owned())
-            .collect();
-        let sentinel = redis::sentinel::Sentinel::build(urls).map_err(map_err)?;
-        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(
-                redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3),
-            );
+        Self::sentinel(builder, options)
+    }
+
+    fn sentinel(
+        builder: redis::sentinel::SentinelClientBuilder,
+        options: RedisOptions,
+    ) -> Result<Self, BackendError> {
+        check_options(&options)?;
+        let client = builder
+            .set_client_to_redis_protocol(ProtocolVersion::RESP3)
+            .build()
+            .map_err(map_err)?;
+        // The rustls provider the crate's TLS connections (sentinels, master) are built with.
+        crate::tls::install_provider();
         let pool = Arc::new(Pool::new(
-            Source::Sentinel {
-                sentinel: tokio::sync::Mutex::new(sentinel),
-                master: master.to_owned(),
-                node,
-            },
+            Source::Sentinel(tokio::sync::Mutex::new(client)),
             options.connections,
             options.connect_timeout,
             options.response_timeout,
         ));
         pool.start();
-        Ok(Self::on(Conn::Node(pool)))
+        Ok(Self::on(Conn::Node(pool), options.replicas))
     }
 
-    fn on(conn: Conn) -> Self {
+    fn on(conn: Conn, replicas: Option<Replicas>) -> Self {
         Self {
             conn,
             op: Arc::new(Script::new(OP_SCRIPT)),
             cas: Arc::new(Script::new(CAS_SCRIPT)),
             counters: Arc::new(Counters::default()),
+            replicas,
         }
     }
 
@@ -658,7 +955,8 @@ impl RedisBackend {
     }
 
     /// One command on a live connection (a fresh one when the last has ended), bounded by
-    /// `until`; with the host's wall-clock time its reply arrived ([`host_micros`]).
+    /// `until`; with the host's wall-clock time its reply arrived ([`host_micros`]) and, when
+    /// `writes` and [`RedisOptions::wait_for_replicas`] is set, the `WAIT` sent behind it.
     ///
     /// Only errors of commands that were never sent are retryable: no connection could be
     /// made. A command that was sent and failed (a reset, a closed connection, no reply in
@@ -669,8 +967,9 @@ impl RedisBackend {
         cmd: &redis::Cmd,
         key: &StorageKey,
         until: Instant,
-    ) -> Result<(Value, i64), BackendError> {
-        self.send(cmd, key, until).await?.map_err(sent_err)
+        writes: bool,
+    ) -> Result<Reply, BackendError> {
+        self.send(cmd, key, until, writes).await?.map_err(sent_err)
     }
 
     /// [`query`](Self::query) with the server's error as it came. On a cluster the command
@@ -680,12 +979,14 @@ impl RedisBackend {
         cmd: &redis::Cmd,
         key: &StorageKey,
         until: Instant,
-    ) -> Result<Result<(Value, i64), RedisError>, BackendError> {
+        writes: bool,
+    ) -> Result<Result<Reply, RedisError>, BackendError> {
+        let wait = self.replicas.filter(|_| writes);
         let pool = match &self.conn {
             Conn::Node(pool) => pool,
             Conn::Cluster(c) => {
                 return c
-                    .send(cmd, key.as_str(), until, &self.counters.round_trips)
+                    .send(cmd, wait, key.as_str(), until, &self.counters.round_trips)
                     .await;
             }
         };
@@ -700,11 +1001,37 @@ impl RedisBackend {
         }
         self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
         let mut conn = live.conn.clone();
-        let reply = tokio::time::timeout(left, cmd.query_async::<Value>(&mut conn)).await;
+        let exchange = async {
+            match wait {
+                None => Ok(cmd.query_async::<Value>(&mut conn).await.map(|v| (v, None))),
+                Some(r) => {
+                    let pipe = with_wait(false, cmd, r, left);
+                    let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+                    Ok(split(replies))
+                }
+            }
+        };
+        let reply = tokio::time::timeout(left, exchange).await;
         let arrived = host_micros();
+        let reply = match reply {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                return Err(BackendError::new(
+                    BackendErrorKind::InDoubt,
+                    format!(
+                        "no reply from Redis within {left:?} after the command was sent: it may have run"
+                    ),
+                ));
+            }
+        };
         match reply {
-            Ok(Ok(v)) => Ok(Ok((v, arrived))),
-            Ok(Err(e)) => {
+            Ok((value, acked)) => Ok(Ok(Reply {
+                value,
+                arrived,
+                acked,
+            })),
+            Err(e) => {
                 // READONLY: a replica now (a failover); the next connection asks the sentinels.
                 if e.is_io_error()
                     || e.is_connection_dropped()
@@ -715,12 +1042,6 @@ impl RedisBackend {
                 }
                 Ok(Err(e))
             }
-            Err(_) => Err(BackendError::new(
-                BackendErrorKind::InDoubt,
-                format!(
-                    "no reply from Redis within {left:?} after the command was sent: it may have run"
-                ),
-            )),
         }
     }
 
@@ -730,13 +1051,14 @@ impl RedisBackend {
         key: &StorageKey,
         args: &[&[u8]],
         until: Instant,
-    ) -> Result<(Value, i64), BackendError> {
+        writes: bool,
+    ) -> Result<Reply, BackendError> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&script.sha).arg(1).arg(key.as_str());
         for a in args {
             cmd.arg(*a);
         }
-        match self.send(&cmd, key, until).await? {
+        match self.send(&cmd, key, until, writes).await? {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // The script cache was flushed (SCRIPT FLUSH, restart, failover): EVAL sends
                 // the source, runs it and caches it again, in one round trip.
@@ -746,10 +1068,34 @@ impl RedisBackend {
                 for a in args {
                     cmd.arg(*a);
                 }
-                self.query(&cmd, key, until).await
+                self.query(&cmd, key, until, writes).await
             }
             r => r.map_err(sent_err),
         }
+    }
+
+    /// After a round trip that wrote: `Ok` unless [`RedisOptions::wait_for_replicas`] asked
+    /// for more replicas than acknowledged the write in time, when the write may be lost by
+    /// a failover and the call is in doubt (the master has it: settled if it survives).
+    fn replicated(&self, reply: &Reply) -> Result<(), BackendError> {
+        let Some(r) = self.replicas else {
+            return Ok(());
+        };
+        let (acked, why) = match &reply.acked {
+            Some(Ok(n)) if *n >= i64::from(r.count) => return Ok(()),
+            Some(Ok(n)) => (n.to_string(), String::new()),
+            Some(Err(e)) => ("no".to_owned(), format!(" (WAIT failed: {e})")),
+            None => ("no".to_owned(), " (no WAIT was sent)".to_owned()),
+        };
+        Err(BackendError::new(
+            BackendErrorKind::InDoubt,
+            format!(
+                "written on the Redis master, but {acked} of the {} replicas asked for \
+                 acknowledged it within {:?}{why}: a failover may lose the write, so the call \
+                 is not granted",
+                r.count, r.timeout
+            ),
+        ))
     }
 
     /// Compare-and-set `write` over `expected` (`None`: absent).
@@ -770,7 +1116,7 @@ impl RedisBackend {
         };
         let until = deadline.unwrap_or_else(|| self.default_until());
         let server_deadline = self.server_deadline(key, deadline, until).await?;
-        let (reply, _) = self
+        let reply = self
             .eval(
                 &self.cas,
                 key,
@@ -782,10 +1128,11 @@ impl RedisBackend {
                     server_deadline.as_bytes(),
                 ],
                 until,
+                true,
             )
             .await?;
-        match reply {
-            Value::Int(1) => Ok(()),
+        match reply.value {
+            Value::Int(1) => self.replicated(&reply),
             Value::Int(0) => {
                 self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
                 Err(BackendError::new(
@@ -825,6 +1172,19 @@ fn command_args(command: Command) -> (u8, u64, u64) {
         } if fits(tokens) => (10, tokens, max_wait_nanos.min(EXACT - 1)),
         _ => (0, 0, 0),
     }
+}
+
+/// Whether the bucket script may write with these arguments ([`RedisBackend::transact`]'s):
+/// not when every operation only reads (`estimate_ability_to_consume`, `available_tokens`),
+/// nor when one is computed by the client (code 0: the script writes nothing for the whole
+/// call). Only such a round trip carries the `WAIT` of [`RedisOptions::wait_for_replicas`].
+fn script_writes(args: &[Vec<u8>]) -> bool {
+    let codes: Vec<&[u8]> = if args.first().is_some_and(|c| c.as_slice() == b"11") {
+        args.iter().skip(12).step_by(3).map(Vec::as_slice).collect()
+    } else {
+        args.first().map(Vec::as_slice).into_iter().collect()
+    };
+    !codes.contains(&b"0".as_slice()) && codes.iter().any(|c| !matches!(*c, b"3" | b"8"))
 }
 
 /// The script's (code, tokens, max wait) arguments of one operation (code 0: computed by the
@@ -905,8 +1265,10 @@ impl Backend for RedisBackend {
             }
         }
         let arg_refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-        let (reply, arrived) = self.eval(&self.op, key, &arg_refs, until).await?;
-        let Value::Array(items) = reply else {
+        let writes = script_writes(&args);
+        let reply = self.eval(&self.op, key, &arg_refs, until, writes).await?;
+        let arrived = reply.arrived;
+        let Value::Array(items) = &reply.value else {
             return Err(garbled("not an array"));
         };
         let status = int(items.first()).map_err(|_| garbled("status"))?;
@@ -935,16 +1297,20 @@ impl Backend for RedisBackend {
                     (Write::Put { record, .. }, None) => record.as_slice() == pre,
                     (Write::Keep, Some(p)) => p == pre && crate::format::decode(pre).is_ok(),
                 };
-                if agrees {
-                    Ok(())
-                } else {
-                    Err(BackendError::new(
+                if !agrees {
+                    return Err(BackendError::new(
                         BackendErrorKind::Inconsistent,
                         format!(
                             "the Lua fast path and the core disagree on {:?} for key {key}",
                             tx.command()
                         ),
-                    ))
+                    ));
+                }
+                // A write the replicas asked for may not have: not granted.
+                if post.is_some() {
+                    self.replicated(&reply)
+                } else {
+                    Ok(())
                 }
             }
             2 => {
@@ -973,7 +1339,10 @@ impl Backend for RedisBackend {
     async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
         let mut cmd = redis::cmd("GET");
         cmd.arg(key.as_str());
-        let (v, _) = self.query(&cmd, key, self.default_until()).await?;
+        let v = self
+            .query(&cmd, key, self.default_until(), false)
+            .await?
+            .value;
         match v {
             Value::Nil => Ok(None),
             Value::BulkString(b) => Ok(Some(b)),
@@ -984,8 +1353,12 @@ impl Backend for RedisBackend {
     async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
         let mut cmd = redis::cmd("DEL");
         cmd.arg(key.as_str());
-        let (v, _) = self.query(&cmd, key, self.default_until()).await?;
-        Ok(int(Some(&v))? > 0)
+        let reply = self.query(&cmd, key, self.default_until(), true).await?;
+        let removed = int(Some(&reply.value))? > 0;
+        if removed {
+            self.replicated(&reply)?;
+        }
+        Ok(removed)
     }
 
     fn clock(&self) -> BackendClock {

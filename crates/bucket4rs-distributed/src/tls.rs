@@ -13,13 +13,17 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 #[cfg(feature = "postgres")]
 use rustls::crypto::WebPkiSupportedAlgorithms;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+use rustls::pki_types::ServerName;
+#[cfg(feature = "postgres")]
+use rustls::pki_types::UnixTime;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-#[cfg(feature = "postgres")]
-use rustls::pki_types::{ServerName, UnixTime};
 use rustls::{AlertDescription, CertificateError};
+#[cfg(any(feature = "postgres", feature = "redis"))]
+use rustls::{ClientConfig, RootCertStore};
 #[cfg(feature = "postgres")]
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{DigitallySignedStruct, SignatureScheme};
 
 use crate::error::{BackendError, BackendErrorKind};
 
@@ -229,15 +233,17 @@ fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>,
 }
 
 /// How much of the server's certificate is checked.
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "redis"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Verify {
     /// The chain to a trusted root and the host name (`rediss://`, `verify-full`).
     Full,
     /// The chain to a trusted root, not the host name (`verify-ca`).
+    #[cfg(feature = "postgres")]
     Chain,
     /// Nothing but the handshake's own signatures: encryption without authentication
     /// (PostgreSQL's `prefer` and `require`, as libpq does without a root certificate).
+    #[cfg(feature = "postgres")]
     Nothing,
 }
 
@@ -298,7 +304,7 @@ impl TlsOptions {
     }
 
     /// The platform's roots and the private CAs.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "redis"))]
     fn roots(&self) -> RootCertStore {
         let mut roots = RootCertStore::empty();
         // Certificates the platform store holds that rustls cannot use are skipped; a
@@ -310,7 +316,7 @@ impl TlsOptions {
     }
 
     /// A rustls client configuration checking the server's certificate as `verify` says.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "redis"))]
     pub(crate) fn client_config(&self, verify: Verify) -> Result<ClientConfig, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
@@ -319,6 +325,7 @@ impl TlsOptions {
         let roots = Arc::new(self.roots());
         let builder = match verify {
             Verify::Full => builder.with_root_certificates(roots),
+            #[cfg(feature = "postgres")]
             Verify::Chain | Verify::Nothing => {
                 let inner = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                     .build()
@@ -381,6 +388,58 @@ impl TlsOptions {
 fn platform_roots() -> &'static [CertificateDer<'static>] {
     static ROOTS: std::sync::OnceLock<Vec<CertificateDer<'static>>> = std::sync::OnceLock::new();
     ROOTS.get_or_init(|| rustls_native_certs::load_native_certs().certs)
+}
+
+/// Why a TLS connection to `host:port` with `config` is refused, found by making one within
+/// `budget`: the handshake, then a `PING` and the first byte of its answer (a server that
+/// refuses the client's certificate says so after a TLS 1.3 handshake). `None` when the
+/// connection is accepted, or no verdict comes (nothing listens, no answer in time). For a
+/// client whose driver reports a refused handshake only as text (the `redis` crate's cluster
+/// connection): the same configuration ([`TlsOptions::client_config`]), met again here, names
+/// the cause as a type.
+#[cfg(feature = "redis")]
+pub(crate) async fn refusal(
+    config: Arc<ClientConfig>,
+    host: &str,
+    port: u16,
+    budget: core::time::Duration,
+) -> Option<TlsError> {
+    use std::io::{Read as _, Write as _};
+    let name = ServerName::try_from(host.to_owned()).ok()?;
+    let addr = (host.to_owned(), port);
+    let probe = tokio::task::spawn_blocking(move || -> Result<(), std::io::Error> {
+        let deadline = std::time::Instant::now() + budget;
+        let addrs = std::net::ToSocketAddrs::to_socket_addrs(&addr)?;
+        let mut last = std::io::Error::from(std::io::ErrorKind::NotFound);
+        for a in addrs {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match std::net::TcpStream::connect_timeout(&a, left) {
+                Ok(mut socket) => {
+                    let left = deadline
+                        .saturating_duration_since(std::time::Instant::now())
+                        .max(core::time::Duration::from_millis(1));
+                    socket.set_read_timeout(Some(left))?;
+                    socket.set_write_timeout(Some(left))?;
+                    let mut conn = rustls::ClientConnection::new(config, name)
+                        .map_err(std::io::Error::other)?;
+                    let mut tls = rustls::Stream::new(&mut conn, &mut socket);
+                    tls.write_all(b"PING\r\n")?;
+                    let mut first = [0u8; 1];
+                    tls.read_exact(&mut first)?;
+                    return Ok(());
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    });
+    match tokio::time::timeout(budget, probe).await {
+        Ok(Ok(Err(e))) => TlsError::cause(&e),
+        _ => None,
+    }
 }
 
 /// Makes ring the process's rustls provider unless one is installed already: the `redis`

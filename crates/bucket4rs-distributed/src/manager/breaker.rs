@@ -195,8 +195,8 @@ impl Breaker {
                  until a probe (every {:?}) reaches it",
                 self.threshold,
                 if until_fixed {
-                    ", the last with a refused TLS handshake (it fails the same way until the \
-                     certificates or the URL change)"
+                    ", the last with a refused TLS handshake or refused credentials (it fails \
+                     the same way until the certificates, the credentials or the URL change)"
                 } else {
                     ""
                 },

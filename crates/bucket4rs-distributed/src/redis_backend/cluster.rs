@@ -39,9 +39,11 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
-use super::map_err;
+use super::conn::{PROBE, answers_plaintext};
+use super::{Replicas, Reply, map_err, split, with_wait};
 use crate::error::{BackendError, BackendErrorKind};
 use crate::skew::{ClockOffset, host_micros};
+use crate::tls::TlsError;
 
 /// Redirections followed for one command before its error is handed back (each costs a
 /// round trip; a slot moves at most once or twice while a command is in flight).
@@ -52,8 +54,45 @@ const MAX_REDIRECTS: usize = 8;
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// How to name the cause of a refused TLS connection to the cluster: the crate reports its
+/// failed first connection as text only ("Failed to create initial connections" and a
+/// message), so the backend makes a connection of its own to a seed with the same TLS
+/// configuration ([`crate::tls::refusal`]) and reports what rustls says as a [`TlsError`],
+/// as the single-node connection does.
+pub(super) struct TlsProbe {
+    /// The seeds' host names and ports, as connected to (and verified against).
+    pub(super) seeds: Vec<(String, u16)>,
+    /// The roots and client certificate the crate's connections use.
+    pub(super) config: Arc<rustls::ClientConfig>,
+}
+
+impl TlsProbe {
+    /// The cause of a refused TLS connection, found within `budget`: the first seed whose
+    /// handshake (or plaintext answer) gives a verdict.
+    async fn refusal(&self, budget: Duration) -> Option<TlsError> {
+        let until = Instant::now() + budget;
+        for (host, port) in &self.seeds {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let config = Arc::clone(&self.config);
+            if let Some(e) = crate::tls::refusal(config, host, *port, left / 2).await {
+                return Some(e);
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            // A plaintext Redis mostly waits for the rest of the hello: asked in plaintext.
+            if answers_plaintext(host, *port, left).await {
+                return Some(TlsError::NotTls);
+            }
+        }
+        None
+    }
+}
+
 pub(super) struct Cluster {
     client: ClusterClient,
+    tls: Option<TlsProbe>,
     conn: tokio::sync::Mutex<Option<ClusterConnection>>,
     connect_timeout: Duration,
     response_timeout: Duration,
@@ -77,11 +116,13 @@ impl Cluster {
     /// `client` must have been built with zero retries (the constructors do).
     pub(super) fn new(
         client: ClusterClient,
+        tls: Option<TlsProbe>,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Self {
         Self {
             client,
+            tls,
             conn: tokio::sync::Mutex::new(None),
             connect_timeout,
             response_timeout,
@@ -135,23 +176,38 @@ impl Cluster {
         if let Some(conn) = current.as_ref() {
             return Ok(conn.clone());
         }
-        let left = until
+        let mut left = until
             .saturating_duration_since(Instant::now())
             .min(self.connect_timeout);
-        match tokio::time::timeout(left, self.client.get_async_connection()).await {
+        // Time kept to name the cause of a refused TLS connection.
+        let probe = match &self.tls {
+            Some(_) => (left / 4).min(PROBE),
+            None => Duration::ZERO,
+        };
+        left -= probe;
+        let failed = match tokio::time::timeout(left, self.client.get_async_connection()).await {
             Ok(Ok(conn)) => {
                 *current = Some(conn.clone());
-                Ok(conn)
+                return Ok(conn);
             }
             // The crate reports a failed first connection as an I/O error naming the cause
-            // (refused, timed out, a failed handshake or authentication): nothing was sent.
+            // (refused, timed out, a failed handshake or authentication) as text: nothing was
+            // sent.
             Ok(Err(e)) => {
-                Err(unavailable(format!("no connection to the Redis Cluster: {e}")).with_source(e))
+                unavailable(format!("no connection to the Redis Cluster: {e}")).with_source(e)
             }
-            Err(_) => Err(unavailable(format!(
+            Err(_) => unavailable(format!(
                 "no connection to the Redis Cluster could be made within {left:?}"
-            ))),
+            )),
+        };
+        // A refused certificate, a plaintext server: typed, and not retried within the call
+        // (the same handshake would fail again).
+        if let Some(tls) = &self.tls
+            && let Some(refused) = tls.refusal(probe).await
+        {
+            return Err(refused.into_backend());
         }
+        Err(failed)
     }
 
     fn clock(&self, slot: Slot) -> Arc<ClockOffset> {
@@ -214,18 +270,20 @@ impl Cluster {
         Ok(clock.on_server(deadline).min((1 << 53) - 1).to_string())
     }
 
-    /// One command for `key`, sent once to its slot's master and again only where a node
-    /// answered that it did not run it (`MOVED`, `ASK`), bounded by `until`; with the host's
-    /// wall-clock time its reply arrived. The same contract as the single-node send: the
-    /// outer error is a command that was not sent or got no reply in time, the inner one the
-    /// error of a sent command.
+    /// One command for `key` (with the `WAIT` of `wait` behind it, in the same round trip to
+    /// the same node), sent once to its slot's master and again only where a node answered
+    /// that it did not run it (`MOVED`, `ASK`), bounded by `until`; with the host's wall-clock
+    /// time its reply arrived. The same contract as the single-node send: the outer error is a
+    /// command that was not sent or got no reply in time, the inner one the error of a sent
+    /// command.
     pub(super) async fn send(
         &self,
         cmd: &redis::Cmd,
+        wait: Option<Replicas>,
         key: &str,
         until: Instant,
         round_trips: &AtomicU64,
-    ) -> Result<Result<(Value, i64), RedisError>, BackendError> {
+    ) -> Result<Result<Reply, RedisError>, BackendError> {
         let mut conn = self.live(until).await?;
         let slot = Slot::for_key(key);
         let mut target = Target::Slot;
@@ -240,29 +298,52 @@ impl Cluster {
             }
             round_trips.fetch_add(1, Ordering::Relaxed);
             let attempt = async {
-                match &target {
+                let (route, asking) = match &target {
                     Target::Slot => {
-                        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                            Route::with_slot(slot, SlotAddr::Master),
+                        let route = SingleNodeRoutingInfo::SpecificNode(Route::with_slot(
+                            slot,
+                            SlotAddr::Master,
                         ));
-                        conn.route_command(cmd.clone(), route).await
+                        let Some(r) = wait else {
+                            let v = conn
+                                .route_command(cmd.clone(), RoutingInfo::SingleNode(route))
+                                .await?;
+                            return Ok((v, None));
+                        };
+                        let replies = conn
+                            .route_pipeline(with_wait(false, cmd, r, left), 0, 2, route)
+                            .await?;
+                        return split(replies);
                     }
-                    Target::Ask(host, port) => {
-                        let mut pipe = redis::pipe();
-                        pipe.cmd("ASKING").add_command(cmd.clone());
-                        let route = SingleNodeRoutingInfo::ByAddress {
+                    Target::Ask(host, port) => (
+                        SingleNodeRoutingInfo::ByAddress {
                             host: host.clone(),
                             port: *port,
-                        };
-                        let replies = conn.route_pipeline(pipe, 1, 1, route).await?;
-                        match replies.into_iter().next() {
-                            Some(v) => Ok(v),
-                            None => Err(RedisError::from((
-                                ErrorKind::UnexpectedReturnType,
-                                "no reply to the command after ASKING",
-                            ))),
-                        }
+                        },
+                        true,
+                    ),
+                };
+                // `ASKING` and the command (and the WAIT) to the node named.
+                let pipe = match wait {
+                    Some(r) => with_wait(asking, cmd, r, left),
+                    None => {
+                        let mut pipe = redis::pipe();
+                        pipe.cmd("ASKING").add_command(cmd.clone()).ignore_errors();
+                        pipe
                     }
+                };
+                let count = if wait.is_some() { 2 } else { 1 };
+                let mut replies = conn.route_pipeline(pipe, 1, count, route).await?;
+                if wait.is_some() {
+                    return split(replies);
+                }
+                match replies.pop() {
+                    Some(Value::ServerError(e)) => Err(e.into()),
+                    Some(v) => Ok((v, None)),
+                    None => Err(RedisError::from((
+                        ErrorKind::UnexpectedReturnType,
+                        "no reply to the command after ASKING",
+                    ))),
                 }
             };
             let reply = tokio::time::timeout(left, attempt).await;
@@ -270,8 +351,14 @@ impl Cluster {
             let e = match reply {
                 // The crate hands back a server's error reply that it does not act on as a
                 // value (the single-node connection makes it an error, as here).
-                Ok(Ok(Value::ServerError(e))) => e.into(),
-                Ok(Ok(v)) => return Ok(Ok((v, arrived))),
+                Ok(Ok((Value::ServerError(e), _))) => e.into(),
+                Ok(Ok((value, acked))) => {
+                    return Ok(Ok(Reply {
+                        value,
+                        arrived,
+                        acked,
+                    }));
+                }
                 Ok(Err(e)) => e,
                 Err(_) => {
                     return Err(BackendError::new(

@@ -70,48 +70,64 @@ impl Drop for Watch {
 pub(super) enum Source {
     /// The client's address.
     Client(redis::Client),
-    /// The master the sentinels name for `master`, asked again for every new connection:
-    /// after a failover the old master's connections end (or it answers `READONLY`, which
-    /// drops the connection too), and the next connection goes to the promoted replica.
-    Sentinel {
-        sentinel: tokio::sync::Mutex<redis::sentinel::Sentinel>,
-        master: String,
-        /// How the master is connected to (RESP3, for its connections to report their end).
-        node: redis::sentinel::SentinelNodeConnectionInfo,
-    },
+    /// The master the sentinels name, asked again for every new connection: after a
+    /// failover the old master's connections end (or it answers `READONLY`, which drops the
+    /// connection too), and the next connection goes to the promoted replica. The client
+    /// holds the sentinels' addresses and credentials and how the master is reached
+    /// (credentials, database, TLS, RESP3 for its connections to report their end).
+    Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
 }
 
 impl Source {
     /// The client of the address to connect to now, asking the sentinels if need be within
-    /// `left` (a failure is retryable: nothing was sent).
+    /// `left` (a failure is retryable: nothing was sent; but a refused handshake or refused
+    /// credentials fail the same way until the configuration changes).
     async fn client(&self, left: Duration) -> Result<redis::Client, BackendError> {
-        let (sentinel, master, node) = match self {
+        let sentinel = match self {
             Self::Client(client) => return Ok(client.clone()),
-            Self::Sentinel {
-                sentinel,
-                master,
-                node,
-            } => (sentinel, master, node),
+            Self::Sentinel(sentinel) => sentinel,
         };
-        let ask = async {
-            let mut sentinel = sentinel.lock().await;
-            sentinel.async_master_for(master, Some(node)).await
-        };
+        let ask = async { sentinel.lock().await.async_get_client().await };
         match tokio::time::timeout(left, ask).await {
             Ok(Ok(client)) => Ok(client),
-            Ok(Err(e)) => Err(BackendError::new(
-                BackendErrorKind::Unavailable,
-                format!("the sentinels name no reachable master for {master:?}: {e}"),
-            )
-            .retryable(true)
-            .with_source(e)),
+            Ok(Err(e)) => Err(refused(&e).unwrap_or_else(|| {
+                BackendError::new(
+                    BackendErrorKind::Unavailable,
+                    format!("the sentinels name no reachable master: {e}"),
+                )
+                .retryable(true)
+                .with_source(e)
+            })),
             Err(_) => Err(BackendError::new(
                 BackendErrorKind::Unavailable,
-                format!("the sentinels named no master for {master:?} within {left:?}"),
+                format!("the sentinels named no master within {left:?}"),
             )
             .retryable(true)),
         }
     }
+}
+
+/// A connection refused until the configuration changes: a TLS handshake that failed (typed,
+/// [`TlsError`]), or credentials the server refused (a wrong password or user, or none where
+/// one is needed). Not retried, by the backend or by the caller; the background connector
+/// keeps trying, so a fixed server is used without a restart.
+fn refused(e: &redis::RedisError) -> Option<BackendError> {
+    if let Some(tls) = TlsError::cause(e) {
+        return Some(tls.into_backend());
+    }
+    let credentials = e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"));
+    credentials.then(|| {
+        BackendError::new(
+            BackendErrorKind::Unavailable,
+            format!(
+                "Redis refused the credentials (a wrong password or user, or none given where \
+                 one is needed): {e}"
+            ),
+        )
+        .refused_until_fixed(true)
+        .with_source(e.clone())
+    })
 }
 
 pub(super) struct Pool {
@@ -135,13 +151,13 @@ fn unavailable_within(budget: Duration) -> BackendError {
 }
 
 /// The longest a TLS connection that timed out leaves for asking the address in plaintext.
-const PROBE: Duration = Duration::from_millis(200);
+pub(super) const PROBE: Duration = Duration::from_millis(200);
 
 /// Whether `host:port` answers a plaintext `PING` with a Redis reply (`+PONG`, or an error
 /// such as `-NOAUTH`) within `budget`: a plaintext Redis where TLS was asked for. Needed
 /// because such a server reads the TLS hello as an inline command and, unless the hello
 /// happens to hold a newline byte, waits for the rest of it: the handshake gets no answer.
-async fn answers_plaintext(host: &str, port: u16, budget: Duration) -> bool {
+pub(super) async fn answers_plaintext(host: &str, port: u16, budget: Duration) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let probe = async {
         let mut stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
@@ -269,10 +285,10 @@ impl Pool {
         let conn = match tokio::time::timeout(left, connect).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => {
-                // A refused certificate, a plaintext server: typed, and not retried within
-                // the call (the same handshake would fail again).
-                if let Some(tls) = TlsError::cause(&e) {
-                    return Err(tls.into_backend());
+                // A refused certificate, a plaintext server, refused credentials: not retried
+                // within the call (the same connection would fail again).
+                if let Some(refused) = refused(&e) {
+                    return Err(refused);
                 }
                 // Nothing was sent on a connection that could not be made.
                 let io = e.is_io_error() || e.is_connection_refusal() || e.is_timeout();
@@ -287,6 +303,26 @@ impl Pool {
                 return Err(unavailable_within(left));
             }
         };
+        if matches!(self.source, Source::Sentinel(_)) {
+            // The sentinels' word may be stale (a failover under way): only a master takes
+            // the scripts' writes, so this connection is checked before anything is sent on
+            // it. A read, so its failure is retryable.
+            let mut conn = conn.clone();
+            let left = until.saturating_duration_since(Instant::now());
+            let role = redis::cmd("ROLE");
+            match tokio::time::timeout(left, role.query_async::<redis::Role>(&mut conn)).await {
+                Ok(Ok(redis::Role::Primary { .. })) => {}
+                Ok(Ok(other)) => {
+                    return Err(BackendError::new(
+                        BackendErrorKind::Unavailable,
+                        format!("the server the sentinels named is not a master: {other:?}"),
+                    )
+                    .retryable(true));
+                }
+                Ok(Err(e)) => return Err(map_err(e).retryable(true)),
+                Err(_) => return Err(unavailable_within(left)),
+            }
+        }
         if !self.skew.is_observed() {
             // No reading of the server's clock yet (the backend was created while the server
             // was down): read it before the first command, whose deadline depends on it. A

@@ -21,6 +21,16 @@ pub(crate) fn runtime() -> Runtime {
         .expect("tokio runtime")
 }
 
+/// A runtime of two workers, for a test whose tasks run while it blocks (a server killed,
+/// a command run with `block_in_place`).
+pub(crate) fn multi_thread_runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
 /// A prefix no other test (or earlier run) uses.
 pub(crate) fn unique_prefix(test: &str) -> String {
     let nanos = std::time::SystemTime::now()

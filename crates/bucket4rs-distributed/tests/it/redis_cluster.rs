@@ -9,12 +9,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bucket4rs_distributed::{BackendErrorKind, ProxyManager, RedisBackend, RedisOptions};
+use bucket4rs_distributed::{
+    BackendErrorKind, CircuitBreaker, ProxyManager, RedisBackend, RedisOptions,
+};
 use bucket4rs_testkit::BackendKit;
 
 use crate::certs::Certs;
+use crate::common::multi_thread_runtime as runtime;
 use crate::common::{patient, simple, unique_prefix};
-use crate::failover::{Counted, Load};
+use crate::failover::{Counted, Load, OverGrant, cut_replication, over_grant, reached};
+use crate::redis_sentinel::REPL_USER;
 
 /// A node of `CLUSTER NODES`.
 #[derive(Clone, Debug)]
@@ -93,6 +97,18 @@ impl OwnCluster {
     /// cluster bus and replication), with the server certificate of `tls` (for `localhost`,
     /// which the nodes announce as their host name).
     pub(crate) fn start_with(tls: Option<&Certs>) -> Self {
+        Self::launch(tls, false)
+    }
+
+    /// [`start`](Self::start), with the replicas replicating as the ACL user
+    /// [`REPL_USER`](crate::redis_sentinel::REPL_USER), so that a master can cut its replica
+    /// off ([`cut_replication`](crate::failover::cut_replication)), and promoted whatever
+    /// their replication link's age (`cluster-replica-validity-factor 0`).
+    pub(crate) fn start_with_replication_user() -> Self {
+        Self::launch(None, true)
+    }
+
+    fn launch(tls: Option<&Certs>, replication_user: bool) -> Self {
         let dir = std::env::temp_dir().join(unique_prefix("redis-cluster"));
         std::fs::create_dir_all(&dir).expect("the cluster's directory");
         let mut held = Vec::new();
@@ -129,6 +145,14 @@ impl OwnCluster {
                     .args(["--cluster-announce-hostname", "localhost"])
                     .args(["--cluster-preferred-endpoint-type", "hostname"]),
             };
+            if replication_user {
+                let (user, pass) = crate::redis_sentinel::REPL_CREDENTIALS;
+                server
+                    .args(["--user", user, "on", &format!(">{pass}")])
+                    .args(["+psync", "+replconf", "+ping"])
+                    .args(["--masteruser", user, "--masterauth", pass])
+                    .args(["--cluster-replica-validity-factor", "0"]);
+            }
             let child = server
                 .args(["--bind", "127.0.0.1"])
                 .args(["--cluster-enabled", "yes"])
@@ -381,14 +405,6 @@ async fn connect(cluster: &OwnCluster) -> RedisBackend {
     RedisBackend::connect_cluster(cluster.urls(), RedisOptions::default())
         .await
         .expect("a valid cluster configuration")
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
 }
 
 /// Every promise of the backend trait, the conformance traces included (`conformance: …
@@ -651,14 +667,7 @@ fn fault_cluster_master_killed_under_load_fails_over_to_its_replica() {
             );
         }
         let probe = managers[0].builder().build("hot", config).unwrap();
-        let setup = Instant::now() + Duration::from_secs(10);
-        while probe.available_tokens().await.is_err() {
-            assert!(
-                Instant::now() < setup,
-                "the backend never reached the cluster"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        reached(&probe, "the cluster").await;
         let (_, old) = cluster.master_of(probe.key().as_str());
         let load = Load::start(
             managers
@@ -761,6 +770,156 @@ fn cluster_over_tls_with_a_private_ca_keeps_its_limits() {
             .unwrap_err();
         println!("cluster over TLS, CA not trusted: {e}");
         assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{e}");
+        assert!(!e.is_retryable(), "a refused handshake: {e}");
         assert_eq!(untrusting.stats().round_trips, 0, "nothing was sent");
+    });
+}
+
+/// The over-grant of a Cluster failover to a replica that lacks the old master's last writes
+/// (`failover::over_grant`: the hot key's replica cut off, 40 calls on its master alone,
+/// then `kill -9` of that master), with or without the backends waiting for one replica per
+/// write (`RedisOptions::wait_for_replicas(1, 50 ms)`).
+fn cluster_over_grant(wait: bool) -> OverGrant {
+    let mut cluster = OwnCluster::start_with_replication_user();
+    let capacity = 100_000u64;
+    let config = move || simple(capacity, Duration::from_secs(1_000_000));
+    runtime().block_on(async {
+        let prefix = unique_prefix("cluster-lag");
+        let mut options = RedisOptions::default()
+            .response_timeout(Duration::from_millis(300))
+            .connect_timeout(Duration::from_millis(300));
+        if wait {
+            options = options.wait_for_replicas(1, Duration::from_millis(50));
+        }
+        let mut buckets = Vec::new();
+        for _ in 0..5 {
+            let backend = RedisBackend::connect_cluster(cluster.urls(), options.clone())
+                .await
+                .unwrap();
+            let manager = ProxyManager::configure(backend)
+                .key_prefix(prefix.as_str())
+                .circuit_breaker(CircuitBreaker::off())
+                .timeout(Duration::from_secs(1))
+                .build()
+                .unwrap();
+            buckets.push(manager.builder().build("hot", config).unwrap());
+        }
+        let probe = buckets.pop().expect("a probe");
+        reached(&probe, "the cluster").await;
+        let (_, old) = cluster.master_of(probe.key().as_str());
+        let replica: u16 = cli(old.port, &["INFO", "replication"])
+            .lines()
+            .find_map(|l| l.strip_prefix("slave0:"))
+            .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("port=")))
+            .and_then(|p| p.parse().ok())
+            .expect("the master's replica");
+        let figures = over_grant(
+            &buckets,
+            &probe,
+            capacity,
+            || cut_replication(&cli, old.port, replica, REPL_USER),
+            || {
+                cluster.kill(old.port);
+                let by = Instant::now() + Duration::from_secs(30);
+                while !cli(replica, &["ROLE"]).starts_with("master") {
+                    assert!(
+                        Instant::now() < by,
+                        "the replica :{replica} was not promoted"
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            },
+        )
+        .await;
+        println!(
+            "fault: cluster failover to a replica cut off before 40 calls ({}): {figures}",
+            OverGrant::label(wait)
+        );
+        figures
+    })
+}
+
+/// Without waiting for replicas, every token the old master granted after its replica was
+/// cut off is granted again once the replica is promoted: the over-grant is exactly those.
+#[test]
+fn fault_cluster_failover_to_a_lagging_replica_over_grants_what_the_old_master_granted_after_the_cut()
+ {
+    cluster_over_grant(false).check(false);
+}
+
+/// Waiting for one replica, no call after the cut is granted (each is in doubt), and the
+/// failover over-grants nothing.
+#[test]
+fn fault_cluster_failover_waiting_for_a_replica_over_grants_nothing() {
+    cluster_over_grant(true).check(true);
+}
+
+/// Each refused TLS connection to a cluster is the single node's typed, non-retryable error
+/// (its `source()` a `TlsError`), never a plaintext connection, though the crate reports it as
+/// text: a CA that did not sign the nodes' certificates, a host name they do not name, a
+/// plaintext cluster where TLS was asked for. Nothing is sent.
+#[test]
+fn cluster_tls_refusals_are_typed_errors() {
+    use bucket4rs_distributed::{TlsError, TlsOptions};
+    use std::error::Error as _;
+    let certs = Certs::new();
+    let tls_cluster = OwnCluster::start_with(Some(&certs));
+    let plain_cluster = OwnCluster::start();
+    let trusting = |ca: &str| TlsOptions::default().ca_file(certs.path(ca)).unwrap();
+    let ports = |c: &OwnCluster, host: &str| -> Vec<String> {
+        c.ports
+            .iter()
+            .map(|p| format!("rediss://{host}:{p}"))
+            .collect()
+    };
+    runtime().block_on(async {
+        let cases = [
+            (
+                "a CA that did not sign the nodes' certificates",
+                ports(&tls_cluster, "localhost"),
+                trusting("other-ca.pem"),
+                TlsError::UnknownIssuer,
+            ),
+            (
+                "a host name the certificates do not name",
+                ports(&tls_cluster, "127.0.0.1"),
+                trusting("ca.pem"),
+                TlsError::HostnameMismatch,
+            ),
+            (
+                "a plaintext cluster",
+                ports(&plain_cluster, "localhost"),
+                trusting("ca.pem"),
+                TlsError::NotTls,
+            ),
+        ];
+        for (what, seeds, tls, expected) in cases {
+            let options = RedisOptions::default()
+                .connect_timeout(Duration::from_millis(500))
+                .tls(tls);
+            let backend = RedisBackend::connect_cluster(&seeds, options)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: created all the same: {e}"));
+            let key = patient(backend.clone()).storage_key("k").unwrap();
+            // Until the background connection has met the nodes.
+            let by = Instant::now() + Duration::from_secs(10);
+            let (e, took) = loop {
+                let t = Instant::now();
+                let e = bucket4rs_distributed::Backend::read(&backend, &key)
+                    .await
+                    .expect_err(what);
+                if !e.is_retryable() || Instant::now() > by {
+                    break (e, t.elapsed());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            println!("cluster tls, {what}: {e} (in {took:?})");
+            let cause = e.source().and_then(|s| s.downcast_ref::<TlsError>());
+            assert_eq!(cause, Some(&expected), "{what}: {e}");
+            assert_eq!(e.kind(), BackendErrorKind::Unavailable, "{what}: {e}");
+            assert!(!e.is_retryable(), "{what}: {e}");
+            assert!(took < Duration::from_secs(2), "{what}: {took:?}");
+            assert_eq!(backend.stats().round_trips, 0, "{what}: nothing was sent");
+        }
     });
 }

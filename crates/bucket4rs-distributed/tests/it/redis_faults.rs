@@ -11,6 +11,7 @@ use bucket4rs_distributed::{
 };
 use redis::AsyncCommands;
 
+use crate::common::multi_thread_runtime as runtime;
 use crate::common::{patient, simple, unique_prefix};
 
 /// A redis-server of our own on a free loopback port (never the shared one), with an
@@ -139,14 +140,6 @@ async fn raw(server: &OwnRedis) -> redis::aio::MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .unwrap_or_else(|e| panic!("own redis-server at {} answers: {e}", server.url()))
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// The issue's plan, scaled down: 5 tokens per 400 ms, starting empty. Expiry at "full again
@@ -816,4 +809,221 @@ fn fault_redis_flapping_server_charges_only_successful_calls() {
         wrong.len(),
         wrong.join("; ")
     );
+}
+
+/// `RedisOptions::wait_for_replicas` that could only fail every write is refused by every
+/// constructor, with a typed error and nothing connected.
+#[test]
+fn wait_for_replicas_that_can_only_fail_is_refused_at_construction() {
+    runtime().block_on(async {
+        let ms = Duration::from_millis;
+        for (what, options) in [
+            (
+                "no replica",
+                RedisOptions::default().wait_for_replicas(0, ms(50)),
+            ),
+            (
+                "a zero timeout",
+                RedisOptions::default().wait_for_replicas(1, ms(0)),
+            ),
+            (
+                "a timeout as long as the response timeout",
+                RedisOptions::default()
+                    .response_timeout(ms(200))
+                    .wait_for_replicas(1, ms(200)),
+            ),
+        ] {
+            let errors = [
+                RedisBackend::connect("redis://127.0.0.1:1", options.clone())
+                    .await
+                    .unwrap_err(),
+                RedisBackend::connect_cluster(["redis://127.0.0.1:1"], options.clone())
+                    .await
+                    .unwrap_err(),
+                RedisBackend::connect_sentinel(["redis://127.0.0.1:1"], "s", options.clone())
+                    .await
+                    .unwrap_err(),
+            ];
+            for e in errors {
+                assert_eq!(e.kind(), BackendErrorKind::Other, "{what}: {e}");
+                assert!(!e.is_retryable(), "{what}: {e}");
+                assert!(e.message().contains("wait_for_replicas"), "{what}: {e}");
+            }
+        }
+        let fine = RedisOptions::default().wait_for_replicas(2, Duration::from_millis(499));
+        assert!(
+            RedisBackend::connect("redis://127.0.0.1:1", fine)
+                .await
+                .is_ok()
+        );
+    });
+}
+
+/// A master with one replica that replicates as an ACL user of its own, and a backend
+/// waiting for that replica (`wait_for_replicas(1, 200 ms)`): writes are granted while the
+/// replica acknowledges them, each in one round trip as without the opt-in; once the
+/// replica is cut off a write is in doubt (applied on the master, not granted) while reads
+/// still answer at once (no WAIT); once it is back, the next call settles the one in doubt
+/// (given back on the master, which survived) and is granted.
+#[test]
+fn waiting_for_a_replica_grants_only_writes_it_acknowledged() {
+    let (user, pass) = crate::redis_sentinel::REPL_CREDENTIALS;
+    let pass_arg = format!(">{pass}");
+    let master = OwnRedis::start_with(
+        None,
+        None,
+        &[
+            "--user",
+            user,
+            "on",
+            &pass_arg,
+            "+psync",
+            "+replconf",
+            "+ping",
+        ],
+    );
+    let port = master.port.to_string();
+    let replica = OwnRedis::start_with(
+        None,
+        None,
+        &[
+            "--replicaof",
+            "127.0.0.1",
+            &port,
+            "--masteruser",
+            user,
+            "--masterauth",
+            pass,
+        ],
+    );
+    let cli = crate::redis_cluster::cli;
+    let by = Instant::now() + Duration::from_secs(20);
+    while !cli(replica.port, &["INFO", "replication"]).contains("master_link_status:up") {
+        assert!(Instant::now() < by, "the replica did not sync");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    runtime().block_on(async {
+        let wait = Duration::from_millis(200);
+        let waiting = connect(&master, RedisOptions::default().wait_for_replicas(1, wait)).await;
+        let plain = connect(&master, RedisOptions::default()).await;
+        let prefix = unique_prefix("wait");
+        let manager = |backend: &RedisBackend| {
+            ProxyManager::configure(backend.clone())
+                .key_prefix(prefix.as_str())
+                .circuit_breaker(CircuitBreaker::off())
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap()
+        };
+        let config = || simple(100, Duration::from_secs(1_000_000));
+        let b = manager(&waiting).builder().build("k", config).unwrap();
+        let other = manager(&plain).builder().build("other", config).unwrap();
+        let probe = manager(&plain).builder().build("k", config).unwrap();
+        // Reads through the waiting backend, on a manager with no call in doubt to settle.
+        let reader = manager(&waiting).builder().build("k", config).unwrap();
+        // Connected, the servers' clocks read.
+        assert_eq!(b.available_tokens().await.unwrap(), 100);
+        assert_eq!(other.available_tokens().await.unwrap(), 100);
+        let (w0, p0) = (waiting.stats().round_trips, plain.stats().round_trips);
+        for _ in 0..10 {
+            assert!(b.try_consume(1).await.unwrap());
+            assert!(other.try_consume(1).await.unwrap());
+        }
+        let (w, p) = (
+            waiting.stats().round_trips - w0,
+            plain.stats().round_trips - p0,
+        );
+        assert_eq!((w, p), (10, 10), "one round trip per call, WAIT included");
+        let key = b.key().as_str().to_owned();
+        assert_eq!(
+            cli(replica.port, &["EXISTS", &key]),
+            "1",
+            "granted: the replica has it"
+        );
+
+        tokio::task::block_in_place(|| {
+            crate::failover::cut_replication(&cli, master.port, replica.port, user);
+        });
+        let t = Instant::now();
+        let e = b.try_consume(1).await.unwrap_err();
+        let write_took = t.elapsed();
+        println!("wait for replicas, replica cut off: {e} (in {write_took:?})");
+        assert!(e.is_in_doubt() && !e.is_retryable(), "{e}");
+        assert!(e.to_string().contains("0 of the 1 replicas"), "{e}");
+        assert!(
+            write_took >= wait,
+            "answered before the WAIT's timeout: {write_took:?}"
+        );
+        let t = Instant::now();
+        assert_eq!(
+            reader.available_tokens().await.unwrap(),
+            89,
+            "applied on the master"
+        );
+        let read_took = t.elapsed();
+        assert!(
+            read_took < wait,
+            "a read waited for replicas: {read_took:?}"
+        );
+
+        cli(master.port, &["ACL", "SETUSER", user, "on"]);
+        let by = Instant::now() + Duration::from_secs(20);
+        while !cli(replica.port, &["INFO", "replication"]).contains("master_link_status:up") {
+            assert!(Instant::now() < by, "the replica did not come back");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The settlement of the call in doubt rides on this one.
+        assert!(b.try_consume(1).await.unwrap());
+        assert_eq!(
+            probe.available_tokens().await.unwrap(),
+            89,
+            "given back, then one taken"
+        );
+        println!(
+            "wait for replicas: {w} round trips for 10 calls (10 without); a write with the \
+             replica cut off: in doubt after {write_took:?}; a read then: {read_took:?}"
+        );
+    });
+}
+
+/// A server that refuses the backend's credentials (a wrong password, none where one is
+/// needed): every call fails at once with an `Unavailable` that is not retryable (the same
+/// connection fails the same way until the configuration changes), naming the cause;
+/// nothing is sent.
+#[test]
+fn refused_credentials_are_not_retryable() {
+    let server = OwnRedis::start_with(None, None, &["--requirepass", "right"]);
+    runtime().block_on(async {
+        for (what, url) in [
+            (
+                "a wrong password",
+                format!("redis://:wrong@127.0.0.1:{}", server.port),
+            ),
+            ("no password", server.url()),
+        ] {
+            let backend = RedisBackend::connect(&url, RedisOptions::default())
+                .await
+                .unwrap();
+            let manager = ProxyManager::configure(backend.clone())
+                .circuit_breaker(CircuitBreaker::off())
+                .build()
+                .unwrap();
+            let b = manager
+                .builder()
+                .build("k", || simple(10, Duration::from_secs(60)))
+                .unwrap();
+            let e = b.try_consume(1).await.unwrap_err();
+            println!("refused credentials, {what}: {e}");
+            let DistributedError::Backend(be) = &e else {
+                panic!("{what}: a backend error: {e}");
+            };
+            assert_eq!(be.kind(), BackendErrorKind::Unavailable, "{what}: {e}");
+            assert!(!e.is_retryable(), "{what}: {e}");
+            assert!(
+                e.to_string().contains("refused the credentials"),
+                "{what}: {e}"
+            );
+            assert_eq!(backend.stats().round_trips, 0, "{what}");
+        }
+    });
 }
