@@ -635,9 +635,15 @@ fn lua_ledger_of_several_managers_is_the_cores() {
                     .build(key.clone(), move || c.clone())
                     .unwrap();
                 let now = clock.now_nanos();
+                let created = state.is_none();
                 let s = state.get_or_insert_with(|| BucketState::new(&config, now));
                 let op = random_op(&mut rng);
                 let expected = core_result(op, &config, s, now);
+                // A failed first call creates no bucket: the next call does, at its own
+                // reading (which moves an interval bandwidth's refill grid).
+                if created && expected.starts_with("error: ") {
+                    state = None;
+                }
                 let fast_before = backend.stats().fast_path;
                 let got = remote_result(op, &bucket).await;
                 assert_eq!(
