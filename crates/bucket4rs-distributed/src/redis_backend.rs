@@ -1164,6 +1164,7 @@ fn command_args(command: Command) -> (u8, u64, u64) {
         Command::Reset => (7, 0, 0),
         Command::AvailableTokens => (8, 0, 0),
         Command::ConsumeIgnoringRateLimits(n) if fits(n) => (9, n, 0),
+        Command::Lease(n) if fits(n) => (12, n, 0),
         // The script's waits stay below 2^53: a longer maximum answers the same as 2^53 - 1,
         // which the script reads exactly.
         Command::Reserve {
@@ -1220,9 +1221,9 @@ impl Backend for RedisBackend {
         // ARGV[1..3]: the command (code 11 and, from ARGV[13], one triple per operation for
         // a batch); ARGV[4..8]: clock, TTL margin, deadline on the server's clock; ARGV[9..12]:
         // the operation id for the record's ledger (owner as 8 bytes, seq, floor, window).
-        // Settlements and lease returns are made by the client (code 0), as are leases
-        // (`Command::Lease`, code 0 too): they are rare, and the ledger arithmetic they need
-        // stays in one place.
+        // Settlements and lease returns are made by the client (code 0): they are rare (a
+        // lease's return rides with its next round trip only when it left tokens unused), and
+        // the ledger arithmetic they need stays in one place.
         let id = tx.operation();
         let settling = id.is_some_and(|id| !id.settles.is_empty() || !id.returns.is_empty());
         let command = |c: Command| {

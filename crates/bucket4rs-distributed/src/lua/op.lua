@@ -14,6 +14,8 @@
 -- A batch (ARGV[1] = 11): ARGV[13..] holds (command code, tokens, max wait) triples, applied
 -- in order on the record at one instant; written once at the end, or not at all when any
 -- of them cannot be computed exactly here (status 2: the client computes the whole batch).
+-- Code 12 is a lease: as much as every bandwidth has, up to `tokens`, while the ledger holds
+-- fewer than 24 live entries (the manager's leasing, manager/lease.rs).
 --
 -- The ledger (format version 2, ledger.rs): a write forgets expired entries, refuses an
 -- operation already recorded (status 5, nothing written), clamps every give-back to the room
@@ -353,6 +355,28 @@ local function parse_ledger()
   return true
 end
 
+-- The ledger, parsed once (by a lease, or by the write).
+local parsed = nil
+local function ledger_parsed()
+  if parsed == nil then parsed = parse_ledger() end
+  return parsed
+end
+
+-- A lease (code 12) is taken only while the ledger has room for its entry: fewer than
+-- LEASE_ROOM entries that have not expired (ledger.rs, lease.rs). The ledger is parsed for it
+-- before the operations (a write parses it anyway).
+local LEASE_ROOM = 24
+local room = nil
+for j = 1, #cmds do
+  if cmds[j][1] == 12 and room == nil then
+    if not ledger_parsed() then return client() end
+    local nowq = nh * 4096 + math.floor(nl / 1048576)
+    local live = 0
+    for k = 1, #E do if E[k].exp > nowq then live = live + 1 end end
+    room = live < LEASE_ROOM
+  end
+end
+
 local wrote = false
 local gives, added = false, 0
 for j = 1, #cmds do
@@ -363,12 +387,14 @@ for j = 1, #cmds do
   local amount = 0
   if cmd == 1 or cmd == 2 then
     if arg <= a then mutate = 'consume'; amount = arg end
-  elseif cmd == 4 then
+  elseif cmd == 4 or (cmd == 12 and room) then
     if a > 0 then
       amount = a
       if arg >= 0 and arg < a then amount = arg end
       mutate = 'consume'
     end
+  elseif cmd == 12 then
+    -- a lease without room in the ledger: none
   elseif cmd == 5 then mutate = 'add'; amount = arg; gives = true; added = added + arg
   elseif cmd == 6 then mutate = 'force'; amount = arg; gives = true
   elseif cmd == 7 then mutate = 'reset'; gives = true
@@ -417,7 +443,7 @@ end
 
 -- the ledger (see the header and ledger.rs), serialized into LEDGER
 local LEDGER
-if not parse_ledger() then return client() end
+if not ledger_parsed() then return client() end
 if ARGV[9] == nil or ARGV[9] == '' then
   LEDGER = string.sub(rec, TAIL_END)
 else

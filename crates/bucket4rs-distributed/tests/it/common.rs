@@ -979,7 +979,8 @@ pub(crate) mod leased {
 
     use super::{epoch_ms, simple};
 
-    /// The key's tokens (no refill within a test).
+    /// The key's tokens (no whole token refills within a test: K per 10^6 s, a period the
+    /// Redis script computes with).
     pub(crate) const K: u64 = 20_000;
 
     /// 4 processes holding at most 20 % of the key together.
@@ -988,7 +989,7 @@ pub(crate) mod leased {
     }
 
     pub(crate) fn config() -> BucketConfiguration {
-        simple(K, Duration::from_secs(1_000_000_000))
+        simple(K, Duration::from_secs(1_000_000))
     }
 
     /// Tokens that may sit unused in the 4 processes' leases.

@@ -64,7 +64,9 @@ fn four_leasing_processes_on_redis_grant_at_most_k_and_account_for_every_token()
         child_runtime().block_on(async {
             let (manager, backend) = leasing_manager(prefix).await;
             leased::drain(&manager, start_ms).await;
-            println!("TRIPS {}", backend.stats().round_trips);
+            let stats = backend.stats();
+            println!("TRIPS {}", stats.round_trips);
+            println!("CLIENT {}", stats.exact_path);
         });
         return;
     }
@@ -83,10 +85,12 @@ fn four_leasing_processes_on_redis_grant_at_most_k_and_account_for_every_token()
             .sum()
     };
     let (granted, held, trips) = (sum("GRANTED "), sum("HELD "), sum("TRIPS "));
+    let client = sum("CLIENT ");
     let after = rt.block_on(left(&prefix));
     println!(
         "leasing on redis: 4 processes: {granted} of {K} granted, {held} held in leases when \
-         they stopped, {after} left after their return, {trips} round trips ({:.4} per call)",
+         they stopped, {after} left after their return, {trips} round trips ({:.4} per call), \
+         {client} of them computed by the client",
         trips as f64 / granted as f64
     );
     assert!(granted <= K, "over-grant: {granted} > {K}");
@@ -122,4 +126,48 @@ fn a_redis_process_killed_with_a_lease_loses_only_that_lease() {
          {rest} left"
     );
     assert_eq!(granted + leased + rest as u64, K);
+}
+
+/// The script takes a lease only while the key's ledger has room (24 live entries), as the
+/// client computes it: of 30 busy managers, at most 24 hold a lease, every lease is taken by
+/// the script, and every token counts once the leases are back.
+#[test]
+fn the_script_leases_while_the_ledger_has_room_and_no_longer() {
+    let rt = runtime();
+    let prefix = unique_prefix("leasing-room");
+    rt.block_on(async {
+        let mut managers = Vec::new();
+        let mut backends = Vec::new();
+        for _ in 0..30 {
+            let backend = RedisBackend::connect(&url(), RedisOptions::default())
+                .await
+                .unwrap();
+            let leasing = leased::leasing().processes(30).max_held_percent(100);
+            managers.push(
+                ProxyManager::configure(backend.clone())
+                    .key_prefix(&prefix)
+                    .timeout(Duration::from_secs(20))
+                    .leasing(leasing)
+                    .build()
+                    .unwrap(),
+            );
+            backends.push(backend);
+        }
+        for m in &managers {
+            let b = m.builder().build("hot", leased::config).unwrap();
+            for _ in 0..20 {
+                assert!(b.try_consume(1).await.unwrap());
+            }
+        }
+        let holding = managers.iter().filter(|m| m.leased_tokens() > 0).count();
+        let client: u64 = backends.iter().map(|b| b.stats().exact_path).sum();
+        println!("leasing on redis: 30 managers on one key: {holding} hold leases; {client} calls computed by the client");
+        assert!((20..=24).contains(&holding), "{holding} managers hold a lease");
+        // Only the key's creation: every lease, and every refusal of one, by the script.
+        assert!(client <= 1, "{client} calls computed by the client");
+        for m in &managers {
+            m.release_leases().await.unwrap();
+        }
+        assert_eq!(left(&prefix).await, (K - 30 * 20) as i64);
+    });
 }
