@@ -2,7 +2,10 @@
 
 use core::fmt;
 
-use bucket4rs_distributed::{Backend, BackendErrorKind, DistributedError, ProxyManager};
+use bucket4rs_core::BucketConfiguration;
+use bucket4rs_distributed::{
+    Backend, BackendErrorKind, DistributedError, ProxyManager, RemoteBucket,
+};
 
 use crate::plan::Plan;
 use crate::store::{Answer, BoxFuture, PLAN_CHANGE, StoreError, same};
@@ -23,8 +26,36 @@ pub(crate) trait Remote: Send + Sync + fmt::Debug {
     /// Gives `tokens` back to `key`'s bucket (never above its capacity).
     fn give_back(&self, key: &str, plan: &Plan, tokens: u64) -> BoxFuture<Result<(), StoreError>>;
 
+    /// Ends every lease and gives its unused tokens back ([`ProxyManager::release_leases`]).
+    fn release_leases(&self) -> BoxFuture<Result<(), DistributedError>>;
+
     /// Whether the store's circuit breaker is open.
     fn circuit_open(&self) -> bool;
+}
+
+/// `key`'s bucket under `plan`, leasing as the plan says (else as the manager does).
+fn bucket<B: Backend>(
+    manager: &ProxyManager<B>,
+    key: &str,
+    plan: &Plan,
+) -> Result<RemoteBucket<B>, DistributedError> {
+    let config = plan.configuration().clone();
+    let mut builder = manager.builder();
+    if let Some(leasing) = plan.leasing() {
+        builder = builder.leasing(Some(leasing));
+    }
+    builder.build(key.as_bytes(), move || config.clone())
+}
+
+/// After an answer under another configuration than `plan`'s (the key changed plan, or the
+/// plans did): the answer stands, and the bucket follows the plan from the next request on.
+/// A failure leaves it as it was.
+async fn follow<B: Backend>(bucket: &RemoteBucket<B>, plan: BucketConfiguration, answer: &Answer) {
+    if !same(answer.configuration(), &plan)
+        && let Err(e) = bucket.replace_configuration(plan, PLAN_CHANGE).await
+    {
+        tracing::debug!(error = %e, "switching a bucket to its plan failed");
+    }
 }
 
 impl<B: Backend> Remote for ProxyManager<B> {
@@ -35,35 +66,29 @@ impl<B: Backend> Remote for ProxyManager<B> {
         cost: u64,
     ) -> Result<BoxFuture<Result<Answer, StoreError>>, StoreError> {
         let config = plan.configuration().clone();
-        let supplied = config.clone();
-        let bucket = self
-            .builder()
-            .build(key.as_bytes(), move || supplied.clone())
-            .map_err(from_distributed)?;
+        let bucket = bucket(self, key, plan).map_err(from_distributed)?;
         Ok(Box::pin(async move {
             let answer = bucket
                 .as_verbose()
                 .try_consume_and_return_remaining(cost)
                 .await
                 .map_err(from_distributed)?;
-            if !same(answer.configuration(), &config) {
-                // The key changed plan, or the plans did: the answer stands, and the bucket
-                // follows the plan from the next request on. A failure leaves it as it was.
-                if let Err(e) = bucket.replace_configuration(config, PLAN_CHANGE).await {
-                    tracing::debug!(error = %e, "switching a bucket to its plan failed");
-                }
-            }
+            follow(&bucket, config, &answer).await;
             Ok(answer)
         }))
     }
 
     fn give_back(&self, key: &str, plan: &Plan, tokens: u64) -> BoxFuture<Result<(), StoreError>> {
-        let config = plan.configuration().clone();
-        let bucket = self.builder().build(key.as_bytes(), move || config.clone());
+        let bucket = bucket(self, key, plan);
         Box::pin(async move {
             let bucket = bucket.map_err(from_distributed)?;
             bucket.add_tokens(tokens).await.map_err(from_distributed)
         })
+    }
+
+    fn release_leases(&self) -> BoxFuture<Result<(), DistributedError>> {
+        let manager = self.clone();
+        Box::pin(async move { manager.release_leases().await })
     }
 
     fn circuit_open(&self) -> bool {

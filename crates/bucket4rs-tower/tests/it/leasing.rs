@@ -1,0 +1,170 @@
+//! Leasing through the layer, on a shared store: a leased plan answers as an unleased one
+//! (one process: a leased bucket answers exactly as an unleased one) with far fewer
+//! transactions.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bucket4rs_core::{BucketConfiguration, ManualClock};
+use bucket4rs_distributed::{
+    Backend, BackendClock, BackendError, EmbeddedBackend, Leasing, ProxyManager, StorageKey,
+    TimeSource, Transaction,
+};
+use bucket4rs_tower::{Plan, RateLimitLayer};
+use http::StatusCode;
+use tower::Layer;
+
+use super::{bw, call, hello, req};
+
+/// Transactions by storage key.
+type Counts = Arc<Mutex<HashMap<String, u64>>>;
+
+/// The embedded backend, counting its transactions (the round trips of a remote store).
+#[derive(Debug)]
+struct Counted {
+    inner: EmbeddedBackend,
+    counts: Counts,
+}
+
+#[async_trait]
+impl Backend for Counted {
+    async fn transact(
+        &self,
+        key: &StorageKey,
+        tx: &mut dyn Transaction,
+    ) -> Result<(), BackendError> {
+        *self
+            .counts
+            .lock()
+            .unwrap()
+            .entry(key.as_str().to_owned())
+            .or_default() += 1;
+        self.inner.transact(key, tx).await
+    }
+    async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
+        self.inner.read(key).await
+    }
+    async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
+        self.inner.remove(key).await
+    }
+    fn clock(&self) -> BackendClock {
+        self.inner.clock()
+    }
+    fn is_in_process(&self) -> bool {
+        self.inner.is_in_process()
+    }
+}
+
+/// Leases that outlive the test (a slow debug build must not see them expire), sized as
+/// by default.
+fn leasing() -> Leasing {
+    Leasing::new()
+        .lifetime(Duration::from_secs(30))
+        .idle(Duration::from_secs(10))
+}
+
+/// A manager over a counting embedded backend, the buckets (and leases' views) on `clock`.
+fn counted_manager(clock: &ManualClock) -> (ProxyManager<Counted>, Counts) {
+    let counts = Counts::default();
+    let backend = Counted {
+        inner: EmbeddedBackend::with_clock(clock.clone()),
+        counts: Arc::clone(&counts),
+    };
+    let manager = ProxyManager::configure(backend)
+        .time_source(TimeSource::client(clock.clone()))
+        .ttl_margin(Duration::ZERO)
+        .build()
+        .unwrap();
+    (manager, counts)
+}
+
+fn total(counts: &Counts) -> u64 {
+    counts.lock().unwrap().values().sum()
+}
+
+/// What a client sees of a response.
+type Seen = (
+    StatusCode,
+    Option<http::HeaderValue>,
+    Option<http::HeaderValue>,
+    Option<http::HeaderValue>,
+    Option<http::HeaderValue>,
+);
+
+fn seen(r: &super::Resp) -> Seen {
+    let h = |name: &str| r.headers().get(name).cloned();
+    (
+        r.status(),
+        h("ratelimit-policy"),
+        h("ratelimit"),
+        h("retry-after"),
+        h("x-rate-limit-remaining"),
+    )
+}
+
+/// 1,000 a minute and 100,000 a day.
+fn hot() -> BucketConfiguration {
+    BucketConfiguration::builder()
+        .add_bandwidth(bw("burst", 1_000, Duration::from_secs(60)))
+        .add_bandwidth(bw("daily", 100_000, Duration::from_secs(86_400)))
+        .build()
+        .unwrap()
+}
+
+/// 1,500 requests of one client on the hot plan (leased or not), the clock a second further
+/// every 100: the answers, the requests allowed and the store's transactions.
+async fn hot_client(leased: bool) -> (Vec<Seen>, usize, u64) {
+    let clock = ManualClock::new(1_000_000_000);
+    let (manager, counts) = counted_manager(&clock);
+    let plan = Plan::new("hot", hot());
+    let plan = if leased {
+        plan.with_leasing(leasing()).unwrap()
+    } else {
+        plan
+    };
+    let svc = RateLimitLayer::builder()
+        .backend(manager.clone())
+        .plans(plan)
+        .remaining_header(true)
+        .build()
+        .unwrap()
+        .layer(hello());
+    let mut answers = Vec::new();
+    for i in 0..1_500 {
+        if i % 100 == 99 {
+            clock.advance(Duration::from_secs(1));
+        }
+        answers.push(seen(&call(&svc, req(Some("k"), "/books/1")).await));
+    }
+    let allowed = answers.iter().filter(|a| a.0 == StatusCode::OK).count();
+    if leased {
+        assert!(manager.leased_tokens() > 0, "the hot key holds a lease");
+    }
+    (answers, allowed, total(&counts))
+}
+
+#[tokio::test]
+async fn a_leased_plan_answers_as_an_unleased_one_with_far_fewer_transactions() {
+    let (plain, allowed, plain_tx) = hot_client(false).await;
+    let (leased, leased_allowed, leased_tx) = hot_client(true).await;
+    // Every answer alike: status, both RateLimit fields, Retry-After, the remaining tokens.
+    for (i, (a, b)) in plain.iter().zip(&leased).enumerate() {
+        assert_eq!(a, b, "request {i}");
+    }
+    assert_eq!(plain.len(), leased.len());
+    // The limit holds exactly: 1,000 at once, and what 15 s at 1,000 a minute refill.
+    assert_eq!(leased_allowed, allowed);
+    assert!((1_000..=1_250).contains(&allowed), "{allowed} allowed");
+    assert!(plain.iter().any(|a| a.0 == StatusCode::TOO_MANY_REQUESTS));
+    assert_eq!(plain_tx, 1_500, "one transaction a request without leasing");
+    assert!(
+        leased_tx * 10 <= plain_tx,
+        "{leased_tx} transactions leased, {plain_tx} without"
+    );
+    println!(
+        "leasing through the layer: 1,500 requests of one client ({allowed} allowed), \
+         {plain_tx} transactions without leasing, {leased_tx} with"
+    );
+}
