@@ -136,7 +136,8 @@ impl Limit {
     /// This limit with its buckets leasing on a shared store (feature `distributed`; see
     /// [`Plan::with_leasing`]): for a global limit, the one key every request it applies to
     /// passes, each instance serves its requests from blocks of tokens taken from the shared
-    /// bucket.
+    /// bucket. The layer asks a leasing limit after the others and takes from it only when
+    /// they allowed the request (docs/http.md, "Several limits per request").
     ///
     /// # Errors
     /// [`DistributedError::InvalidSetting`](bucket4rs_distributed::DistributedError::InvalidSetting)

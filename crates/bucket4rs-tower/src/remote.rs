@@ -2,7 +2,8 @@
 
 use core::fmt;
 
-use bucket4rs_core::BucketConfiguration;
+use bucket4rs_core::ops::TryConsumeAndReturnRemaining;
+use bucket4rs_core::{BucketConfiguration, VerboseResult};
 use bucket4rs_distributed::{
     Backend, BackendErrorKind, DistributedError, ProxyManager, RemoteBucket,
 };
@@ -23,8 +24,22 @@ pub(crate) trait Remote: Send + Sync + fmt::Debug {
         cost: u64,
     ) -> Result<BoxFuture<Result<Answer, StoreError>>, StoreError>;
 
+    /// What [`ask`](Self::ask) would answer, taking nothing: the bucket read (from its lease's
+    /// view, without a round trip, when it leases), and the consumption computed on what was
+    /// read. For a request another limit refused, so that a leased bucket is not charged and
+    /// then given tokens back (a round trip that ends its lease).
+    fn look(
+        &self,
+        key: &str,
+        plan: &Plan,
+        cost: u64,
+    ) -> Result<BoxFuture<Result<Answer, StoreError>>, StoreError>;
+
     /// Gives `tokens` back to `key`'s bucket (never above its capacity).
     fn give_back(&self, key: &str, plan: &Plan, tokens: u64) -> BoxFuture<Result<(), StoreError>>;
+
+    /// Whether the buckets of `plan` lease: the plan's leasing, else the manager's.
+    fn leases(&self, plan: &Plan) -> bool;
 
     /// Ends every lease and gives its unused tokens back ([`ProxyManager::release_leases`]).
     fn release_leases(&self) -> BoxFuture<Result<(), DistributedError>>;
@@ -78,12 +93,36 @@ impl<B: Backend> Remote for ProxyManager<B> {
         }))
     }
 
+    fn look(
+        &self,
+        key: &str,
+        plan: &Plan,
+        cost: u64,
+    ) -> Result<BoxFuture<Result<Answer, StoreError>>, StoreError> {
+        let config = plan.configuration().clone();
+        let bucket = bucket(self, key, plan).map_err(from_distributed)?;
+        Ok(Box::pin(async move {
+            let read = bucket
+                .as_verbose()
+                .available_tokens()
+                .await
+                .map_err(from_distributed)?;
+            let answer = as_if_consumed(&read, cost)?;
+            follow(&bucket, config, &answer).await;
+            Ok(answer)
+        }))
+    }
+
     fn give_back(&self, key: &str, plan: &Plan, tokens: u64) -> BoxFuture<Result<(), StoreError>> {
         let bucket = bucket(self, key, plan);
         Box::pin(async move {
             let bucket = bucket.map_err(from_distributed)?;
             bucket.add_tokens(tokens).await.map_err(from_distributed)
         })
+    }
+
+    fn leases(&self, plan: &Plan) -> bool {
+        plan.leasing().or_else(|| self.leasing()).is_some()
     }
 
     fn release_leases(&self) -> BoxFuture<Result<(), DistributedError>> {
@@ -94,6 +133,21 @@ impl<B: Backend> Remote for ProxyManager<B> {
     fn circuit_open(&self) -> bool {
         self.is_circuit_open()
     }
+}
+
+/// The answer a consumption of `cost` would have given on the bucket `read` describes: the
+/// core's operation on the state read, at its reading (what the store runs on a consumption).
+fn as_if_consumed<T>(read: &VerboseResult<T>, cost: u64) -> Result<Answer, StoreError> {
+    let config = read.configuration().clone();
+    let mut state = read.state().clone();
+    let probe = state
+        .apply(
+            &config,
+            read.now_nanos(),
+            &TryConsumeAndReturnRemaining(cost),
+        )
+        .map_err(|e| StoreError::Unreadable(Box::new(e)))?;
+    Ok(VerboseResult::new(probe, config, state, read.now_nanos()))
 }
 
 /// What the layer makes of a shared store's error.

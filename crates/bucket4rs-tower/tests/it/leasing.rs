@@ -1,6 +1,7 @@
 //! Leasing through the layer, on a shared store: a leased plan answers as an unleased one
 //! (one process: a leased bucket answers exactly as an unleased one) with far fewer
-//! transactions.
+//! transactions, and a leased further limit is not charged for requests another limit
+//! refuses.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,7 +13,7 @@ use bucket4rs_distributed::{
     Backend, BackendClock, BackendError, EmbeddedBackend, Leasing, ProxyManager, StorageKey,
     TimeSource, Transaction,
 };
-use bucket4rs_tower::{Plan, RateLimitLayer};
+use bucket4rs_tower::{Limit, Plan, RateLimitLayer};
 use http::StatusCode;
 use tower::Layer;
 
@@ -166,5 +167,80 @@ async fn a_leased_plan_answers_as_an_unleased_one_with_far_fewer_transactions() 
     println!(
         "leasing through the layer: 1,500 requests of one client ({allowed} allowed), \
          {plain_tx} transactions without leasing, {leased_tx} with"
+    );
+}
+
+/// Clients of 20 a minute under a global limit of 300 a minute (leased or not), the clock
+/// standing still: ten clients make 30 requests each in turn (each client's plan refuses its
+/// last 10; the global limit allows 200), then ten more make 20 each (the global limit
+/// allows 100 more, then refuses). The answers, the requests allowed, the transactions on
+/// the global limit's key and in all.
+async fn global_limit(leased: bool) -> (Vec<Seen>, usize, u64, u64) {
+    let clock = ManualClock::new(1_000_000_000);
+    let (manager, counts) = counted_manager(&clock);
+    let per_client = BucketConfiguration::builder()
+        .add_bandwidth(bw("burst", 20, Duration::from_secs(60)))
+        .build()
+        .unwrap();
+    let all = BucketConfiguration::builder()
+        .add_bandwidth(bw("all", 300, Duration::from_secs(60)))
+        .build()
+        .unwrap();
+    let limit = Limit::global("all", all);
+    let limit = if leased {
+        limit.with_leasing(leasing()).unwrap()
+    } else {
+        limit
+    };
+    let svc = RateLimitLayer::builder()
+        .backend(manager.clone())
+        .plans(Plan::new("free", per_client))
+        .limit(limit)
+        .remaining_header(true)
+        .build()
+        .unwrap()
+        .layer(hello());
+    let mut answers = Vec::new();
+    for (clients, rounds) in [(0..10, 30), (10..20, 20)] {
+        for _ in 0..rounds {
+            for c in clients.clone() {
+                let key = format!("client-{c}");
+                answers.push(seen(&call(&svc, req(Some(&key), "/books/1")).await));
+            }
+        }
+    }
+    let allowed = answers.iter().filter(|a| a.0 == StatusCode::OK).count();
+    let global_key = manager.storage_key("\0all").unwrap();
+    let global = counts
+        .lock()
+        .unwrap()
+        .get(global_key.as_str())
+        .copied()
+        .unwrap_or(0);
+    (answers, allowed, global, total(&counts))
+}
+
+#[tokio::test]
+async fn a_leased_global_limit_is_not_charged_for_requests_another_limit_refuses() {
+    let (plain, allowed, plain_global, plain_tx) = global_limit(false).await;
+    let (leased, leased_allowed, leased_global, leased_tx) = global_limit(true).await;
+    for (i, (a, b)) in plain.iter().zip(&leased).enumerate() {
+        assert_eq!(a, b, "request {i}");
+    }
+    // The limits hold exactly: the clock stands still, so 300 and not one more.
+    assert_eq!(allowed, 300);
+    assert_eq!(leased_allowed, 300);
+    // Without leasing, one transaction on the global key per request, and one more for each
+    // of the 100 requests a client's plan refused while the global limit allowed them (the
+    // tokens it took given back); with leasing, those are only read, from the lease's view.
+    assert_eq!(plain_global, 600);
+    assert!(
+        leased_global * 10 <= plain_global,
+        "{leased_global} transactions on the global key leased, {plain_global} without"
+    );
+    println!(
+        "a global limit through the layer: 500 requests of 20 clients ({allowed} allowed), \
+         transactions on the global key {plain_global} without leasing, {leased_global} with; \
+         in all {plain_tx} and {leased_tx}"
     );
 }
