@@ -4,6 +4,7 @@
 #[path = "../../../bucket4rs-distributed/tests/it/certs.rs"]
 mod certs;
 mod faults;
+mod leasing;
 #[path = "../../../bucket4rs-distributed/tests/postgres/own.rs"]
 #[allow(dead_code)] // the TLS test needs only part of it
 mod own;
@@ -39,6 +40,10 @@ impl Server {
 
     async fn with(store: RateLimitLayerBuilder) -> Self {
         let plans = bookshelf::load_plans(None).expect("the shipped plans file is valid");
+        Self::with_plans(store, plans).await
+    }
+
+    async fn with_plans(store: RateLimitLayerBuilder, plans: bucket4rs_tower::PlanTable) -> Self {
         Self::serving(bookshelf::app(store, plans).expect("a valid layer")).await
     }
 
@@ -396,18 +401,18 @@ async fn an_instance_on_sqlite_keeps_its_limits_across_a_restart() {
             .await
             .unwrap()
     };
-    let (app, store) = start().await;
-    assert_eq!(store, format!("SQLite file {file}"));
+    let started = start().await;
+    assert_eq!(started.store, format!("SQLite file {file}"));
     let client = reqwest::Client::new();
     let path = "/books/9781449373320";
     let began = std::time::Instant::now();
-    let first = Server::serving(app).await;
+    let first = Server::serving(started.app).await;
     for i in 1..=20 {
         let r = get(&client, &first.url(path), Some("free-demo-key")).await;
         assert_eq!(r.status(), StatusCode::OK, "lookup {i}");
     }
     first.stop().await;
-    let second = Server::serving(start().await.0).await;
+    let second = Server::serving(start().await.app).await;
     let mut granted = 0u64;
     while get(&client, &second.url(path), Some("free-demo-key"))
         .await
@@ -578,6 +583,7 @@ fn the_binary_explains_its_errors() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("--redis URL"));
 
     assert!(String::from_utf8_lossy(&out.stdout).contains("appendfsync always"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Leasing: a plan or limit"));
 
     // Knobs that can only break are refused at start, the flag named.
     for (flag, value) in [
@@ -606,6 +612,19 @@ fn the_binary_explains_its_errors() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(r#"plans.free.limits[0].period: "1 fortnight" is not a duration"#),
+        "{stderr}"
+    );
+    // So are leasing settings the distributed crate refuses, the field named.
+    std::fs::write(
+        &plans,
+        "[plans.free]\nlimits = [\"20/minute\"]\nlease = { lifetime = \"1 minute\" }\n",
+    )
+    .unwrap();
+    let out = run(&["--plans", plans.to_str().unwrap(), "--addr", "127.0.0.1:0"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("plans.free.lease.lifetime: lifetime must be"),
         "{stderr}"
     );
     let out = run(&["--frobnicate"]);
@@ -682,17 +701,18 @@ fn the_binary_serves_and_stops_on_sigterm() {
 async fn cluster_and_sentinel_stores_start_while_down_and_a_bad_ca_file_is_named() {
     let plans = || bookshelf::load_plans(None).unwrap();
     let args = |a: &[&str]| bookshelf::Args::parse(a.iter().map(|s| (*s).to_owned())).unwrap();
-    let (_, store) = bookshelf::app_from(
+    let store = bookshelf::app_from(
         &args(&["--redis-cluster", "redis://127.0.0.1:1,redis://127.0.0.1:2"]),
         plans(),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .store;
     assert_eq!(
         store,
         "Redis Cluster at redis://127.0.0.1:1,redis://127.0.0.1:2"
     );
-    let (_, store) = bookshelf::app_from(
+    let store = bookshelf::app_from(
         &args(&[
             "--redis-sentinel",
             "redis://127.0.0.1:1",
@@ -702,7 +722,8 @@ async fn cluster_and_sentinel_stores_start_while_down_and_a_bad_ca_file_is_named
         plans(),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .store;
     assert!(store.contains("\"limits\""), "{store}");
     let missing = std::env::temp_dir().join("bookshelf-no-such-ca.pem");
     let e = bookshelf::app_from(
