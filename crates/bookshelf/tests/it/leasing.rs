@@ -3,58 +3,16 @@
 //! and on PostgreSQL: the limit holds exactly either way, and leased, its key costs a round
 //! trip per lease instead of one per search.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use bucket4rs_distributed::{
-    Backend, BackendClock, BackendError, PostgresBackend, PostgresOptions, ProxyManager,
-    RedisBackend, RedisOptions, StorageKey, Transaction,
-};
+use bucket4rs_distributed::{Backend, ProxyManager};
 use bucket4rs_tower::{PlanTable, RateLimitLayer};
 use reqwest::StatusCode;
 
-use super::{Server, get, postgres_url, redis_url, unique_prefix};
-
-/// Transactions by storage key.
-type Counts = Arc<Mutex<HashMap<String, u64>>>;
-
-/// A backend counting its transactions (its round trips) by key.
-#[derive(Debug)]
-struct Counted<B> {
-    inner: B,
-    counts: Counts,
-}
-
-#[async_trait]
-impl<B: Backend> Backend for Counted<B> {
-    async fn transact(
-        &self,
-        key: &StorageKey,
-        tx: &mut dyn Transaction,
-    ) -> Result<(), BackendError> {
-        *self
-            .counts
-            .lock()
-            .unwrap()
-            .entry(key.as_str().to_owned())
-            .or_default() += 1;
-        self.inner.transact(key, tx).await
-    }
-    async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
-        self.inner.read(key).await
-    }
-    async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
-        self.inner.remove(key).await
-    }
-    fn clock(&self) -> BackendClock {
-        self.inner.clock()
-    }
-    fn is_in_process(&self) -> bool {
-        self.inner.is_in_process()
-    }
-}
+use super::counted::{Counted, on, total};
+use super::{
+    Server, get, postgres_backend, redis_backend, redis_manager, redis_url, unique_prefix,
+};
 
 /// Clients searching at once, each on the pro plan (200 tokens a minute: 40 searches).
 const CLIENTS: usize = 10;
@@ -101,14 +59,11 @@ async fn search(client: &reqwest::Client, url: &str, c: usize) -> u64 {
 /// `CLIENTS` clients search `EACH` times each through one instance on `backend`: at once
 /// (each client on its own task), or one search at a time, the clients in turn.
 async fn searches<B: Backend>(backend: B, leased: bool, at_once: bool) -> Run {
-    let counts = Counts::default();
-    let manager = ProxyManager::configure(Counted {
-        inner: backend,
-        counts: Arc::clone(&counts),
-    })
-    .key_prefix(unique_prefix("leasing"))
-    .build()
-    .unwrap();
+    let (backend, counts) = Counted::new(backend);
+    let manager = ProxyManager::configure(backend)
+        .key_prefix(unique_prefix("leasing"))
+        .build()
+        .unwrap();
     let server = Server::with_plans(
         RateLimitLayer::builder().backend(manager.clone()),
         plans(leased),
@@ -142,13 +97,11 @@ async fn searches<B: Backend>(backend: B, leased: bool, at_once: bool) -> Run {
     }
     let elapsed = start.elapsed();
     server.stop().await;
-    let search_key = manager.storage_key("\0search").unwrap();
-    let counts = counts.lock().unwrap();
     Run {
         granted,
         elapsed,
-        on_search_key: counts.get(search_key.as_str()).copied().unwrap_or(0),
-        all: counts.values().sum(),
+        on_search_key: on(&counts, &manager.storage_key("\0search").unwrap()),
+        all: total(&counts),
     }
 }
 
@@ -206,26 +159,13 @@ async fn leasing_serves_the_hot_key<B: Backend>(name: &str, backend: impl Fn() -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_search_limit_leases_on_redis_and_holds_exactly() {
-    let url = redis_url();
-    let backend = RedisBackend::connect(&url, RedisOptions::default())
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "Redis must be reachable at {url} (set BUCKET4RS_REDIS_URL; .ci/run starts it): {e}"
-            )
-        });
+    let backend = redis_backend().await;
     leasing_serves_the_hot_key("Redis", || backend.clone()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_search_limit_leases_on_postgres_and_holds_exactly() {
-    let url = postgres_url();
-    let backend = PostgresBackend::connect(&url, PostgresOptions::default())
-        .await
-        .unwrap_or_else(|e| {
-            panic!("PostgreSQL must be reachable at {url} (set BUCKET4RS_POSTGRES_URL; .ci/run starts it): {e}")
-        });
-    backend.migrate().await.unwrap();
+    let backend = postgres_backend().await;
     leasing_serves_the_hot_key("PostgreSQL", || backend.clone()).await;
 }
 
@@ -265,23 +205,9 @@ async fn the_binary_gives_its_leased_tokens_back_when_it_stops() {
     let mut out = std::io::BufReader::new(child.0.stdout.take().unwrap());
     let mut first = String::new();
     out.read_line(&mut first).unwrap();
-    let addr = first
-        .trim()
-        .trim_start_matches("Bookshelf API listening on http://")
-        .split(' ')
-        .next()
-        .unwrap()
-        .to_owned();
+    let addr = super::listening_on(&first);
     // The search limit's bucket, read as it is stored (this manager does not lease).
-    let url = redis_url();
-    let manager = ProxyManager::configure(
-        RedisBackend::connect(&url, RedisOptions::default())
-            .await
-            .unwrap_or_else(|e| panic!("Redis must be reachable at {url}: {e}")),
-    )
-    .key_prefix(&prefix)
-    .build()
-    .unwrap();
+    let manager = redis_manager(&prefix).await;
     let bucket = manager
         .builder()
         .build("\0search", || {

@@ -3,60 +3,16 @@
 //! transactions, and a leased further limit is not charged for requests another limit
 //! refuses.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bucket4rs_core::{BucketConfiguration, ManualClock};
-use bucket4rs_distributed::{
-    Backend, BackendClock, BackendError, EmbeddedBackend, Leasing, ProxyManager, StorageKey,
-    TimeSource, Transaction,
-};
+use bucket4rs_distributed::{EmbeddedBackend, Leasing, ProxyManager, TimeSource};
 use bucket4rs_tower::{Limit, Plan, RateLimitLayer};
 use http::StatusCode;
 use tower::Layer;
 
+use super::counted::{Counted, Counts, on, total};
 use super::{bw, call, hello, req};
-
-/// Transactions by storage key.
-type Counts = Arc<Mutex<HashMap<String, u64>>>;
-
-/// The embedded backend, counting its transactions (the round trips of a remote store).
-#[derive(Debug)]
-struct Counted {
-    inner: EmbeddedBackend,
-    counts: Counts,
-}
-
-#[async_trait]
-impl Backend for Counted {
-    async fn transact(
-        &self,
-        key: &StorageKey,
-        tx: &mut dyn Transaction,
-    ) -> Result<(), BackendError> {
-        *self
-            .counts
-            .lock()
-            .unwrap()
-            .entry(key.as_str().to_owned())
-            .or_default() += 1;
-        self.inner.transact(key, tx).await
-    }
-    async fn read(&self, key: &StorageKey) -> Result<Option<Vec<u8>>, BackendError> {
-        self.inner.read(key).await
-    }
-    async fn remove(&self, key: &StorageKey) -> Result<bool, BackendError> {
-        self.inner.remove(key).await
-    }
-    fn clock(&self) -> BackendClock {
-        self.inner.clock()
-    }
-    fn is_in_process(&self) -> bool {
-        self.inner.is_in_process()
-    }
-}
 
 /// Leases that outlive the test (a slow debug build must not see them expire), sized as
 /// by default.
@@ -67,22 +23,14 @@ fn leasing() -> Leasing {
 }
 
 /// A manager over a counting embedded backend, the buckets (and leases' views) on `clock`.
-fn counted_manager(clock: &ManualClock) -> (ProxyManager<Counted>, Counts) {
-    let counts = Counts::default();
-    let backend = Counted {
-        inner: EmbeddedBackend::with_clock(clock.clone()),
-        counts: Arc::clone(&counts),
-    };
+fn counted_manager(clock: &ManualClock) -> (ProxyManager<Counted<EmbeddedBackend>>, Counts) {
+    let (backend, counts) = Counted::new(EmbeddedBackend::with_clock(clock.clone()));
     let manager = ProxyManager::configure(backend)
         .time_source(TimeSource::client(clock.clone()))
         .ttl_margin(Duration::ZERO)
         .build()
         .unwrap();
     (manager, counts)
-}
-
-fn total(counts: &Counts) -> u64 {
-    counts.lock().unwrap().values().sum()
 }
 
 /// What a client sees of a response.
@@ -210,13 +158,7 @@ async fn global_limit(leased: bool) -> (Vec<Seen>, usize, u64, u64) {
         }
     }
     let allowed = answers.iter().filter(|a| a.0 == StatusCode::OK).count();
-    let global_key = manager.storage_key("\0all").unwrap();
-    let global = counts
-        .lock()
-        .unwrap()
-        .get(global_key.as_str())
-        .copied()
-        .unwrap_or(0);
+    let global = on(&counts, &manager.storage_key("\0all").unwrap());
     (answers, allowed, global, total(&counts))
 }
 

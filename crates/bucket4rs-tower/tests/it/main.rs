@@ -3,6 +3,7 @@
 //! shared one (`.backend(..)`: the embedded backend through the async manager).
 
 mod conformance;
+mod counted;
 mod leasing;
 mod limits;
 
