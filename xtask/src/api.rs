@@ -57,7 +57,7 @@ pub(crate) const PRODUCT_CRATES: [&str; 9] = [
 /// accepts, or `None` for no limit. Re-exports (`use` lines) do not count. The surface only
 /// grows by a change that raises this number, in review; the commit that raises it says which
 /// items it adds and why (`git log -p -- xtask/src/api.rs`).
-pub(crate) const API_BUDGET: Option<usize> = Some(523);
+pub(crate) const API_BUDGET: Option<usize> = Some(529);
 
 /// Where the listings are committed, relative to the workspace root.
 const API_DIR: &str = "docs/api";

@@ -179,7 +179,8 @@ USAGE: bookshelf [--addr HOST:PORT] [--plans FILE]
                  [--max-connections-per-address N] [--no-limit]
 
   --addr HOST:PORT      listen here (default 127.0.0.1:8080)
-  --plans FILE          plans file (default: the shipped plans.toml)
+  --plans FILE          plans file (default: the shipped plans.toml, whose search limit
+                        leases on a shared store: see Leasing below)
   --redis URL           keep buckets in Redis, shared by every instance (rediss:// for TLS)
   --redis-cluster URL,URL,...
                         keep buckets in a Redis Cluster reached through these seed nodes
@@ -226,6 +227,14 @@ Durations: 500ms, 10s, 2m, 1h. Zero timeouts, a zero key cap and zero connection
 refused. The server starts even when Redis or PostgreSQL is down: it connects in the
 background, retrying, and until then limited requests get the failure policy's answer
 (GET /health answers 200 throughout).
+
+Leasing: a plan or limit with `lease = true` (or `lease = { processes = N, ... }`) in the
+plans file, on a shared store (--redis, --redis-cluster, --redis-sentinel, --postgres,
+--sqlite), is served by each instance from blocks of tokens it leases from the store: a hot
+key (the shipped file's search limit, one bucket for every search) then costs a round trip
+per block, not per request, and no instance grants a token the store did not give it. What
+a lease did not use goes back when it ends, and at a graceful stop (Ctrl-C, SIGTERM). In
+process there is nothing to lease: the setting is accepted and does nothing.
 
 Exact limits across a Redis restart need an fsync'd append-only file
 (appendonly yes, appendfsync always): otherwise Redis forgets the last writes, and the

@@ -5,7 +5,9 @@
 //! - `GET /books/{isbn}` looks a book up (costs 1 token);
 //! - `GET /books/search?q=…` searches titles and authors (costs 5 tokens);
 //! - the `X-API-Key` header chooses the plan (`free-demo-key`: 20 tokens per minute,
-//!   `pro-demo-key`: 200 per minute, from `plans.toml`); an unknown key gets 401.
+//!   `pro-demo-key`: 200 per minute, from `plans.toml`); an unknown key gets 401;
+//! - every client's searches together get 600 tokens a minute (the plans file's search
+//!   limit: one bucket, a hot key on a shared store, which each instance leases).
 //!
 //! The binary (`cargo run --release -p bookshelf`) parses its arguments with [`Args::parse`]
 //! and serves with [`serve`]; tests start the same server in-process on port 0.
@@ -41,7 +43,7 @@ pub use args::{
     Args, ArgsError, KeyBy, MAX_BACKEND_CONNECTIONS, OnFailure, Store, TlsFiles, USAGE, load_plans,
 };
 pub use serve::{MAX_CONNECTIONS, ServeOptions, serve_with};
-pub use store::{App, app_from};
+pub use store::{App, Started, app_from};
 
 /// The default plans file, shipped in the crate.
 pub const DEFAULT_PLANS: &str = include_str!("../plans.toml");
@@ -277,9 +279,12 @@ pub fn layer_keyed(
 pub fn app(store: RateLimitLayerBuilder, plans: PlanTable) -> Result<App, ConfigError> {
     // `with_state` turns the handlers into routes once, as `Router::into_make_service*`
     // does; a wrapped router would otherwise do it on every request.
-    Ok(WithHealth(
-        layer(store, plans)?.layer(routes().with_state(())),
-    ))
+    Ok(app_of(&layer(store, plans)?))
+}
+
+/// [`routes`] behind `layer`, and `GET /health`.
+pub(crate) fn app_of(layer: &RateLimitLayer) -> App {
+    WithHealth(layer.layer(routes().with_state(())))
 }
 
 /// [`app`] with the layer of [`layer_keyed`].
@@ -299,9 +304,7 @@ pub fn app_keyed(
     key: KeyBy,
     trusted: &[ipnet::IpNet],
 ) -> Result<App, String> {
-    Ok(WithHealth(
-        layer_keyed(store, plans, key, trusted)?.layer(routes().with_state(())),
-    ))
+    Ok(app_of(&layer_keyed(store, plans, key, trusted)?))
 }
 
 /// `GET /health` answered before the wrapped service (from [`app`]): 200 with

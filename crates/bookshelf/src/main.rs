@@ -37,8 +37,14 @@ async fn run() -> Result<(), String> {
     if args.no_limit {
         return serve(&args, bookshelf::routes(), "none (--no-limit)").await;
     }
-    let (app, store) = bookshelf::app_from(&args, plans).await?;
-    serve(&args, app, &store).await
+    let started = bookshelf::app_from(&args, plans).await?;
+    serve(&args, started.app, &started.store).await?;
+    // The tokens this instance holds in leases (a hot key on a shared store) go back to
+    // the store now, rather than being lost from it (an under-grant until they refill).
+    if let Err(e) = started.layer.release_leases().await {
+        tracing::warn!("leased tokens could not be given back to the store: {e}");
+    }
+    Ok(())
 }
 
 /// Binds `--addr`, prints the address and a curl line, and serves until Ctrl-C or SIGTERM.

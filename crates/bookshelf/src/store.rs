@@ -14,6 +14,20 @@ use crate::{Args, Store, WithHealth};
 /// The rate-limited application of [`app`](crate::app), whatever its store.
 pub type App = WithHealth<RateLimit<Router>>;
 
+/// What [`app_from`] made: the application, where its buckets live (for the banner), and its
+/// rate-limit layer (to give leased tokens back at a graceful shutdown:
+/// [`RateLimitLayer::release_leases`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Started {
+    /// The application to serve.
+    pub app: App,
+    /// Where the buckets live, in words: `in-process`, `Redis at …`.
+    pub store: String,
+    /// The application's rate-limit layer.
+    pub layer: RateLimitLayer,
+}
+
 /// The application `args` describe, and where its buckets live (for the banner). Call it
 /// on a tokio runtime: a Redis or PostgreSQL backend is created at once and connects in the
 /// background, so the server serves at once, and until the store is reachable limited
@@ -31,20 +45,22 @@ pub type App = WithHealth<RateLimit<Router>>;
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
 /// let args = bookshelf::Args::parse(["--redis", "redis://127.0.0.1:1/"].map(String::from))?;
-/// let (app, store) = bookshelf::app_from(&args, bookshelf::load_plans(None)?).await?;
-/// assert_eq!(store, "Redis at redis://127.0.0.1:1/");
+/// let started = bookshelf::app_from(&args, bookshelf::load_plans(None)?).await?;
+/// assert_eq!(started.store, "Redis at redis://127.0.0.1:1/");
+/// // … serve `started.app`; at a graceful shutdown:
+/// started.layer.release_leases().await?;
 /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub async fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), String> {
+pub async fn app_from(args: &Args, plans: PlanTable) -> Result<Started, String> {
     let policy = args.on_failure.policy()?;
-    match &args.store {
+    let (layer, store) = match &args.store {
         Store::Embedded => {
             let store = RateLimitLayer::builder()
                 .max_keys(args.max_keys)
                 .failure_policy(policy);
-            let app = crate::app_keyed(store, plans, args.key, &args.trusted_proxies)?;
-            Ok((app, "in-process".into()))
+            let layer = crate::layer_keyed(store, plans, args.key, &args.trusted_proxies)?;
+            (layer, "in-process".into())
         }
         Store::Redis(url) => {
             let options = redis_options(args)?;
@@ -54,28 +70,28 @@ pub async fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), St
                 .map_err(|e| format!("--redis: {e}"))?;
             let backend =
                 RedisBackend::with_client(client, options).map_err(|e| format!("--redis: {e}"))?;
-            Ok((shared(args, backend, plans)?, format!("Redis at {url}")))
+            (shared(args, backend, plans)?, format!("Redis at {url}"))
         }
         Store::RedisCluster(seeds) => {
             let backend = RedisBackend::connect_cluster(seeds, redis_options(args)?)
                 .await
                 .map_err(|e| format!("--redis-cluster: {e}"))?;
-            Ok((
+            (
                 shared(args, backend, plans)?,
                 format!("Redis Cluster at {}", seeds.join(",")),
-            ))
+            )
         }
         Store::RedisSentinel { sentinels, master } => {
             let backend = RedisBackend::connect_sentinel(sentinels, master, redis_options(args)?)
                 .await
                 .map_err(|e| format!("--redis-sentinel: {e}"))?;
-            Ok((
+            (
                 shared(args, backend, plans)?,
                 format!(
                     "Redis master {master:?} of the sentinels {}",
                     sentinels.join(",")
                 ),
-            ))
+            )
         }
         Store::Postgres(url) => {
             let mut options = PostgresOptions::default();
@@ -89,10 +105,10 @@ pub async fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), St
                 .await
                 .map_err(|e| format!("--postgres: {e}"))?;
             tokio::spawn(migrate_then_reap(backend.clone()));
-            Ok((
+            (
                 shared(args, backend, plans)?,
                 format!("PostgreSQL at {url}"),
-            ))
+            )
         }
         Store::Sqlite(file) => {
             // A file on this machine: opened now (milliseconds, on the backend's own thread),
@@ -111,9 +127,14 @@ pub async fn app_from(args: &Args, plans: PlanTable) -> Result<(App, String), St
             // Expired rows are invisible at once; the reaper frees their space for the life of
             // the process (its handle, which would stop it, is never dropped).
             std::mem::forget(backend.spawn_reaper(Duration::from_secs(30), 1_000));
-            Ok((shared(args, backend, plans)?, format!("SQLite file {file}")))
+            (shared(args, backend, plans)?, format!("SQLite file {file}"))
         }
-    }
+    };
+    Ok(Started {
+        app: crate::app_of(&layer),
+        store,
+        layer,
+    })
 }
 
 /// The Redis options of the command line: connections and certificates (a certificate file
@@ -156,8 +177,8 @@ async fn migrate_then_reap(backend: PostgresBackend) {
     core::future::pending::<()>().await;
 }
 
-/// The application over a shared store.
-fn shared<B: Backend>(args: &Args, backend: B, plans: PlanTable) -> Result<App, String> {
+/// The rate-limit layer over a shared store.
+fn shared<B: Backend>(args: &Args, backend: B, plans: PlanTable) -> Result<RateLimitLayer, String> {
     let manager = ProxyManager::configure(backend)
         .key_prefix(&args.key_prefix)
         .timeout(args.backend_timeout)
@@ -166,5 +187,5 @@ fn shared<B: Backend>(args: &Args, backend: B, plans: PlanTable) -> Result<App, 
     let store = RateLimitLayer::builder()
         .backend(manager)
         .failure_policy(args.on_failure.policy()?);
-    crate::app_keyed(store, plans, args.key, &args.trusted_proxies)
+    crate::layer_keyed(store, plans, args.key, &args.trusted_proxies)
 }

@@ -95,6 +95,16 @@ impl core::error::Error for PlansError {}
 /// `"1h30m"`, `"2 hours"`, `"minute"`, `"500ms"`, … (`ns`, `us`, `ms`, `s`, `m`, `h`, `d`,
 /// `w` and their English names).
 ///
+/// A plan or a further limit may lease on a shared store (feature `distributed`; see
+/// [`Plan::with_leasing`]): `lease = true` for the default settings, or a table of
+/// `processes`, `max_held_percent`, `period`, `lifetime` and `idle`, each at its default when
+/// left out (`lease = { processes = 4, period = "50ms" }`); `lease = false`, as no `lease`,
+/// leaves it to the store's manager. The settings the distributed crate refuses
+/// ([`Leasing::check`](bucket4rs_distributed::Leasing::check)) are refused here, the field
+/// named (`plans.hot.lease.period: period must be more than zero and at most the
+/// lifetime`). The in-process store accepts them and has nothing to lease. Without feature
+/// `distributed`, a `lease` other than `false` is refused.
+///
 /// ```
 /// use bucket4rs_tower::{PlanResolver, PlanTable};
 /// let table = PlanTable::from_toml(r#"
@@ -198,9 +208,14 @@ impl PlanTable {
         let mut plans = BTreeMap::new();
         for (name, v) in plans_t {
             let path = format!("plans.{name}");
-            let (config, shadow) = parse_plan(v, &path, &[])?;
+            let Parsed {
+                config,
+                shadow,
+                lease,
+            } = parse_plan(v, &path, &[])?;
             let plan = Plan::new(name.as_str(), config);
-            plans.insert(name.clone(), if shadow { plan.shadow() } else { plan });
+            let plan = lease.apply(if shadow { plan.shadow() } else { plan })?;
+            plans.insert(name.clone(), plan);
         }
         let default_plan = match root.get("default_plan") {
             Some(v) => {
@@ -391,17 +406,20 @@ impl PlanTable {
 /// The top-level fields of a plans file.
 const ROOT_FIELDS: &[&str] = &["plans", "keys", "default_plan", "limits", "exempt"];
 
-/// A plan (or a limit, whose `extra` fields the caller reads): its configuration and
-/// whether it is in shadow mode.
-fn parse_plan(
-    v: &Value,
-    path: &str,
-    extra: &[&str],
-) -> Result<(BucketConfiguration, bool), PlansError> {
+/// What a plan (or a further limit) of a plans file says besides its name.
+struct Parsed {
+    config: BucketConfiguration,
+    shadow: bool,
+    lease: Lease,
+}
+
+/// A plan (or a limit, whose `extra` fields the caller reads): its configuration, whether it
+/// is in shadow mode, and how it leases.
+fn parse_plan(v: &Value, path: &str, extra: &[&str]) -> Result<Parsed, PlansError> {
     let t = expect_table(v, path)?;
     for k in t.keys() {
-        if k != "limits" && k != "shadow" && !extra.contains(&k.as_str()) {
-            let mut expected = vec!["limits", "shadow"];
+        if !PLAN_FIELDS.contains(&k.as_str()) && !extra.contains(&k.as_str()) {
+            let mut expected = PLAN_FIELDS.to_vec();
             expected.extend_from_slice(extra);
             return Err(PlansError::new(
                 format!("{path}.{k}"),
@@ -441,14 +459,185 @@ fn parse_plan(
     }
     let config = BucketConfiguration::new(bandwidths)
         .map_err(|e| PlansError::new(limits_path, e.to_string()))?;
-    Ok((config, shadow))
+    let lease = match t.get("lease") {
+        Some(v) => parse_lease(v, &format!("{path}.lease"))?,
+        None => Lease::default(),
+    };
+    Ok(Parsed {
+        config,
+        shadow,
+        lease,
+    })
+}
+
+/// The fields of a plan (a further limit has more).
+const PLAN_FIELDS: &[&str] = &["limits", "shadow", "lease"];
+
+/// The fields of a `lease` table.
+#[cfg(feature = "distributed")]
+const LEASE_FIELDS: &[&str] = &[
+    "processes",
+    "max_held_percent",
+    "period",
+    "lifetime",
+    "idle",
+];
+
+/// A plan's `lease`: the settings (`None`: the plan leaves leasing to the store's manager)
+/// and where the file gave them.
+#[derive(Default)]
+struct Lease {
+    #[cfg(feature = "distributed")]
+    settings: Option<bucket4rs_distributed::Leasing>,
+    path: String,
+}
+
+/// What a plans file may make lease: a plan, a further limit.
+trait Leasable: Sized {
+    #[cfg(feature = "distributed")]
+    fn leasing(
+        self,
+        leasing: bucket4rs_distributed::Leasing,
+    ) -> Result<Self, bucket4rs_distributed::DistributedError>;
+}
+
+impl Leasable for Plan {
+    #[cfg(feature = "distributed")]
+    fn leasing(
+        self,
+        leasing: bucket4rs_distributed::Leasing,
+    ) -> Result<Self, bucket4rs_distributed::DistributedError> {
+        self.with_leasing(leasing)
+    }
+}
+
+impl Leasable for Limit {
+    #[cfg(feature = "distributed")]
+    fn leasing(
+        self,
+        leasing: bucket4rs_distributed::Leasing,
+    ) -> Result<Self, bucket4rs_distributed::DistributedError> {
+        self.with_leasing(leasing)
+    }
+}
+
+impl Lease {
+    /// `to` leasing as the file says. The settings are checked here, by the distributed
+    /// crate's own rules ([`Plan::with_leasing`]); a refusal names the field its reason
+    /// names (`plans.hot.lease.period`), else the `lease` field.
+    #[cfg(feature = "distributed")]
+    fn apply<T: Leasable>(self, to: T) -> Result<T, PlansError> {
+        let Some(settings) = self.settings else {
+            return Ok(to);
+        };
+        to.leasing(settings).map_err(|e| match e {
+            bucket4rs_distributed::DistributedError::InvalidSetting { reason, .. } => {
+                let field = reason
+                    .split_whitespace()
+                    .next()
+                    .filter(|w| LEASE_FIELDS.contains(w));
+                let path = match field {
+                    Some(f) => format!("{}.{f}", self.path),
+                    None => self.path.clone(),
+                };
+                PlansError::new(path, reason)
+            }
+            e => PlansError::new(&self.path, e.to_string()),
+        })
+    }
+
+    /// Without feature `distributed` a plans file has no leasing to give (see
+    /// [`parse_lease`]).
+    #[cfg(not(feature = "distributed"))]
+    fn apply<T: Leasable>(self, to: T) -> Result<T, PlansError> {
+        let _ = self.path;
+        Ok(to)
+    }
+}
+
+/// A `lease` field: `true` (the default settings), `false` (none: as the store's manager
+/// says), or a table of `processes`, `max_held_percent`, `period`, `lifetime`, `idle`, each
+/// at its default when left out.
+#[cfg(feature = "distributed")]
+fn parse_lease(v: &Value, path: &str) -> Result<Lease, PlansError> {
+    use bucket4rs_distributed::Leasing;
+    let field = |name: &str| format!("{path}.{name}");
+    let settings = match v {
+        Value::Boolean(on) => on.then(Leasing::new),
+        Value::Table(t) => {
+            let mut l = Leasing::new();
+            for (k, v) in t {
+                let at = field(k);
+                let duration = |v: &Value| -> Result<Duration, PlansError> {
+                    parse_duration(expect_str(v, &at)?).map_err(|m| PlansError::new(&at, m))
+                };
+                l = match k.as_str() {
+                    "processes" => {
+                        let n = expect_u64(v, &at)?;
+                        l.processes(u32::try_from(n).map_err(|_| {
+                            PlansError::new(&at, format!("{n} is too many (at most {})", u32::MAX))
+                        })?)
+                    }
+                    // Above 255 is above 100 too: refused with the reason the check gives.
+                    "max_held_percent" => {
+                        l.max_held_percent(u8::try_from(expect_u64(v, &at)?).unwrap_or(u8::MAX))
+                    }
+                    "period" => l.period(duration(v)?),
+                    "lifetime" => l.lifetime(duration(v)?),
+                    "idle" => l.idle(duration(v)?),
+                    _ => {
+                        return Err(PlansError::new(
+                            at,
+                            format!(
+                                "unknown field (expected one of {})",
+                                LEASE_FIELDS.join(", ")
+                            ),
+                        ));
+                    }
+                };
+            }
+            Some(l)
+        }
+        other => {
+            return Err(PlansError::new(
+                path,
+                format!(
+                    "expected true, false or a table of lease settings, found {}",
+                    type_name(other)
+                ),
+            ));
+        }
+    };
+    Ok(Lease {
+        settings,
+        path: path.to_owned(),
+    })
+}
+
+/// Without feature `distributed` there is no shared store to lease in and nothing to check
+/// the settings against: `lease = false` is accepted, anything else refused.
+#[cfg(not(feature = "distributed"))]
+fn parse_lease(v: &Value, path: &str) -> Result<Lease, PlansError> {
+    match v {
+        Value::Boolean(false) => Ok(Lease {
+            path: path.to_owned(),
+        }),
+        _ => Err(PlansError::new(
+            path,
+            "leasing needs the `distributed` feature of bucket4rs-tower (a shared store)",
+        )),
+    }
 }
 
 /// A further limit: `[limits.NAME]` with `limits`, optional `path` (a path prefix: a route
-/// limit), `per` (`"all"`, the default: one bucket; `"client"`: a bucket per client) and
-/// `shadow`.
+/// limit), `per` (`"all"`, the default: one bucket; `"client"`: a bucket per client),
+/// `shadow` and `lease`.
 fn parse_extra_limit(name: &str, v: &Value, path: &str) -> Result<Limit, PlansError> {
-    let (config, shadow) = parse_plan(v, path, &["path", "per"])?;
+    let Parsed {
+        config,
+        shadow,
+        lease,
+    } = parse_plan(v, path, &["path", "per"])?;
     let t = expect_table(v, path)?;
     let mut limit = match t.get("per") {
         None => Limit::global(name, config),
@@ -473,7 +662,8 @@ fn parse_extra_limit(name: &str, v: &Value, path: &str) -> Result<Limit, PlansEr
         }
         limit = limit.path_prefix(prefix);
     }
-    Ok(if shadow { limit.shadow() } else { limit })
+    let limit = if shadow { limit.shadow() } else { limit };
+    lease.apply(limit)
 }
 
 /// A network (`10.0.0.0/8`) or one address (`192.0.2.7`).
@@ -747,6 +937,83 @@ mod tests {
             ),
         ] {
             let e = PlanTable::from_toml(text).unwrap_err();
+            assert_eq!(e.path(), path, "{text}: {e}");
+            assert!(e.message().contains(says), "{text}: {e}");
+        }
+    }
+
+    #[cfg(feature = "distributed")]
+    #[test]
+    fn plans_and_limits_lease_as_the_file_says_and_bad_settings_name_their_field() {
+        use bucket4rs_distributed::Leasing;
+        let t = PlanTable::from_toml(
+            r#"
+            [plans.free]
+            limits = ["20 per minute"]
+            [plans.pro]
+            limits = ["200 per minute"]
+            lease = true
+            [plans.partner]
+            limits = ["1000 per second"]
+            lease = { processes = 4, max_held_percent = 20, period = "50 ms", lifetime = "2s", idle = "100ms" }
+            [plans.trial]
+            limits = ["1000 per second"]
+            lease = { processes = 3 }
+            shadow = true
+            [plans.plain]
+            limits = ["5/s"]
+            lease = false
+            [limits.all]
+            limits = ["10000 per second"]
+            lease = true
+            "#,
+        )
+        .unwrap();
+        let lease = |name: &str| t.plan(name).unwrap().leasing();
+        assert_eq!(lease("free"), None);
+        assert_eq!(lease("plain"), None);
+        assert_eq!(lease("pro"), Some(Leasing::new()));
+        assert_eq!(
+            lease("partner"),
+            Some(
+                Leasing::new()
+                    .processes(4)
+                    .max_held_percent(20)
+                    .period(Duration::from_millis(50))
+                    .lifetime(Duration::from_secs(2))
+                    .idle(Duration::from_millis(100))
+            )
+        );
+        assert_eq!(lease("trial"), Some(Leasing::new().processes(3)));
+        assert!(t.plan("trial").unwrap().is_shadow());
+        assert_eq!(t.limits()[0].plan().leasing(), Some(Leasing::new()));
+        let plan = |lease: &str| format!("[plans.hot]\nlimits = [\"5/s\"]\nlease = {lease}");
+        for (text, path, says) in [
+            (plan("1"), "plans.hot.lease", "expected true, false or a table"),
+            (plan("{ processes = 0 }"), "plans.hot.lease.processes", "at least 1"),
+            (plan("{ processes = -1 }"), "plans.hot.lease.processes", "negative"),
+            (plan("{ processes = 5000000000 }"), "plans.hot.lease.processes", "too many"),
+            (plan("{ max_held_percent = 0 }"), "plans.hot.lease.max_held_percent", "from 1 to 100"),
+            (plan("{ max_held_percent = 101 }"), "plans.hot.lease.max_held_percent", "from 1 to 100"),
+            (plan("{ max_held_percent = 256 }"), "plans.hot.lease.max_held_percent", "from 1 to 100"),
+            (plan("{ lifetime = \"31s\" }"), "plans.hot.lease.lifetime", "at most 30 s"),
+            (plan("{ period = \"2s\" }"), "plans.hot.lease.period", "at most the lifetime"),
+            (plan("{ period = \"0s\" }"), "plans.hot.lease.period", "zero"),
+            (plan("{ idle = \"soon\" }"), "plans.hot.lease.idle", "not a duration"),
+            (plan("{ idle = 5 }"), "plans.hot.lease.idle", "expected a string"),
+            (plan("{ processess = 2 }"), "plans.hot.lease.processess", "unknown field"),
+            (
+                "[plans.free]\nlimits = [\"1/s\"]\n[limits.all]\nlimits = [\"1/s\"]\nlease = { lifetime = \"1 minute\" }".to_owned(),
+                "limits.all.lease.lifetime",
+                "at most 30 s",
+            ),
+            (
+                "[plans.free]\nlimits = [\"1/s\"]\nleasing = true".to_owned(),
+                "plans.free.leasing",
+                "expected one of limits, shadow, lease",
+            ),
+        ] {
+            let e = PlanTable::from_toml(&text).unwrap_err();
             assert_eq!(e.path(), path, "{text}: {e}");
             assert!(e.message().contains(says), "{text}: {e}");
         }

@@ -526,6 +526,37 @@ impl RateLimitLayer {
             Store::Remote(_) => None,
         }
     }
+
+    /// Ends the leases of a shared store's buckets and gives their unused tokens back now
+    /// ([`ProxyManager::release_leases`](bucket4rs_distributed::ProxyManager::release_leases)):
+    /// call it at a graceful shutdown, after the last request was answered, so that the
+    /// tokens this process held in leases are not lost from the shared buckets. Without it,
+    /// dropping the layer's last handle on the manager starts the same return on a task of its
+    /// own, which a process that exits at once does not wait for: the tokens are then lost
+    /// until they refill (an under-grant, never an over-grant). Nothing to do for the
+    /// in-process store or without leasing.
+    ///
+    /// # Errors
+    /// The store's, for the first return that failed (the others are still made).
+    ///
+    /// ```
+    /// # use bucket4rs_tower::{Plan, RateLimitLayer};
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let config = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// let layer = RateLimitLayer::builder().plans(Plan::new("p", config)).build()?;
+    /// // … serve until the shutdown signal, then:
+    /// layer.release_leases().await?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "distributed")]
+    pub async fn release_leases(&self) -> Result<(), bucket4rs_distributed::DistributedError> {
+        match &self.shared.store {
+            Store::Local(_) => Ok(()),
+            Store::Remote(remote) => remote.release_leases().await,
+        }
+    }
 }
 
 impl<S> Layer<S> for RateLimitLayer {

@@ -133,6 +133,32 @@ impl Limit {
         self
     }
 
+    /// This limit with its buckets leasing on a shared store (feature `distributed`; see
+    /// [`Plan::with_leasing`]): for a global limit, the one key every request it applies to
+    /// passes, each instance serves its requests from blocks of tokens taken from the shared
+    /// bucket. The layer asks a leasing limit after the others and takes from it only when
+    /// they allowed the request (docs/http.md, "Several limits per request").
+    ///
+    /// # Errors
+    /// [`DistributedError::InvalidSetting`](bucket4rs_distributed::DistributedError::InvalidSetting)
+    /// for settings that can only break things.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// # let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10_000, Duration::from_secs(1))?).build()?;
+    /// use bucket4rs_distributed::Leasing;
+    /// let all = bucket4rs_tower::Limit::global("all", c).with_leasing(Leasing::new())?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "distributed")]
+    pub fn with_leasing(
+        mut self,
+        leasing: bucket4rs_distributed::Leasing,
+    ) -> Result<Self, bucket4rs_distributed::DistributedError> {
+        self.plan = self.plan.with_leasing(leasing)?;
+        Ok(self)
+    }
+
     /// The limit's name.
     ///
     /// ```

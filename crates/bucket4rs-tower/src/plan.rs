@@ -16,6 +16,10 @@ struct Inner {
     name: Arc<str>,
     /// Decided and reported as usual, never refused ([`Plan::shadow`]).
     shadow: bool,
+    /// How this plan's buckets lease on a shared store ([`Plan::with_leasing`]); `None`: as
+    /// the store's manager says.
+    #[cfg(feature = "distributed")]
+    leasing: Option<bucket4rs_distributed::Leasing>,
     /// The counters of this plan's decisions, registered with the `metrics` recorder of
     /// its first decision.
     counters: Arc<std::sync::OnceLock<crate::metrics::Counters>>,
@@ -51,15 +55,21 @@ pub struct Plan(Arc<Inner>);
 
 impl fmt::Debug for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Plan")
-            .field("name", &self.0.name)
-            .field("config", &self.0.config)
-            .finish()
+        let mut d = f.debug_struct("Plan");
+        d.field("name", &self.0.name)
+            .field("config", &self.0.config);
+        #[cfg(feature = "distributed")]
+        d.field("leasing", &self.0.leasing);
+        d.finish()
     }
 }
 
 impl PartialEq for Plan {
     fn eq(&self, other: &Self) -> bool {
+        #[cfg(feature = "distributed")]
+        if self.0.leasing != other.0.leasing {
+            return false;
+        }
         self.0.name == other.0.name
             && self.0.config == other.0.config
             && self.0.shadow == other.0.shadow
@@ -124,6 +134,8 @@ impl Plan {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             name,
             shadow: false,
+            #[cfg(feature = "distributed")]
+            leasing: None,
             counters: Arc::default(),
             config,
             singles,
@@ -175,6 +187,58 @@ impl Plan {
     /// ```
     pub fn is_shadow(&self) -> bool {
         self.0.shadow
+    }
+
+    /// This plan with its buckets leasing on a shared store (feature `distributed`): a key
+    /// of this plan that is hot — a global limit every request passes, a busy client — is
+    /// served in this process from blocks of tokens taken from the shared bucket, with no
+    /// over-grant; one process answers exactly as without leasing (see
+    /// [`Leasing`](bucket4rs_distributed::Leasing) and docs/http.md, "Leasing"). Without
+    /// it, the plan's buckets lease as the store's manager says
+    /// ([`ManagerBuilder::leasing`](bucket4rs_distributed::ManagerBuilder::leasing); off by
+    /// default).
+    ///
+    /// The in-process store accepts a leasing plan and has nothing to lease: its buckets are
+    /// already in this process, each answered by one compare-and-swap. So one plans file
+    /// serves a shared store in production and the in-process store in development.
+    ///
+    /// # Errors
+    /// [`DistributedError::InvalidSetting`](bucket4rs_distributed::DistributedError::InvalidSetting)
+    /// for settings that can only break things ([`Leasing::check`](bucket4rs_distributed::Leasing::check)).
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// use bucket4rs_distributed::Leasing;
+    /// use bucket4rs_tower::Plan;
+    /// # let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(10_000, Duration::from_secs(1))?).build()?;
+    /// let hot = Plan::new("partner", c.clone()).with_leasing(Leasing::new().processes(4))?;
+    /// assert_eq!(hot.leasing(), Some(Leasing::new().processes(4)));
+    /// assert!(Plan::new("partner", c).with_leasing(Leasing::new().processes(0)).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "distributed")]
+    pub fn with_leasing(
+        self,
+        leasing: bucket4rs_distributed::Leasing,
+    ) -> Result<Self, bucket4rs_distributed::DistributedError> {
+        leasing.check()?;
+        let mut inner = Inner::clone(&self.0);
+        inner.leasing = Some(leasing);
+        Ok(Self(Arc::new(inner)))
+    }
+
+    /// How this plan's buckets lease on a shared store ([`with_leasing`](Self::with_leasing));
+    /// `None` when the plan leaves it to the store's manager.
+    ///
+    /// ```
+    /// # use bucket4rs_core::{Bandwidth, BucketConfiguration}; use std::time::Duration;
+    /// # let c = BucketConfiguration::builder().add_bandwidth(Bandwidth::simple(5, Duration::from_secs(1))?).build()?;
+    /// assert_eq!(bucket4rs_tower::Plan::new("free", c).leasing(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "distributed")]
+    pub fn leasing(&self) -> Option<bucket4rs_distributed::Leasing> {
+        self.0.leasing
     }
 
     /// The bucket configuration.

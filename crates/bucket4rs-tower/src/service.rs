@@ -14,7 +14,7 @@ use crate::key::RequestInfo;
 use crate::layer::Shared;
 use crate::plan::Plan;
 use crate::policy::Decided;
-use crate::response::{self, Asked, Failed, Unavailable, Verdict};
+use crate::response::{self, Failed, Unavailable, Verdict};
 use crate::store::{Answer, BoxFuture, Store, StoreError};
 
 /// The rate-limiting service made by [`RateLimitLayer`](crate::RateLimitLayer).
@@ -297,24 +297,48 @@ fn local_of(shared: &Shared, target: Target) -> Option<&crate::store::Local> {
     }
 }
 
-/// The question to a limit's store, about `key` under `plan`.
+/// The question to a limit's store, about `key` under `plan`: consume `cost` (`take`), or
+/// only say what consuming it would answer (`!take`: asked of leased buckets alone, which
+/// are never in this process).
 async fn ask(
     shared: &Shared,
     target: Target,
     key: &str,
     plan: &Plan,
     cost: u64,
+    take: bool,
 ) -> Result<Answer, StoreError> {
     if let Some(local) = local_of(shared, target) {
         return local.ask(key, plan, cost);
     }
     #[cfg(feature = "distributed")]
     if let Store::Remote(remote) = &shared.store {
-        let answered = remote.ask(key, plan, cost)?.await;
+        let asked = if take {
+            remote.ask(key, plan, cost)
+        } else {
+            remote.look(key, plan, cost)
+        };
+        let answered = asked?.await;
         observe_breaker(shared);
         return answered;
     }
+    let _ = take;
     Err(StoreError::Other("no store for a limit".into()))
+}
+
+/// Whether a limit's buckets lease (on a shared store, by their plan or the manager).
+fn leases(shared: &Shared, target: Target, plan: &Plan) -> bool {
+    if local_of(shared, target).is_some() {
+        return false;
+    }
+    match &shared.store {
+        #[cfg(feature = "distributed")]
+        Store::Remote(remote) => remote.leases(plan),
+        _ => {
+            let _ = plan;
+            false
+        }
+    }
 }
 
 /// Gives `cost` back to `key`'s bucket of `plan` in a limit's store (a request another
@@ -336,10 +360,25 @@ async fn give_back(shared: &Shared, target: Target, key: &str, plan: &Plan, cost
     }
 }
 
-/// A request several limits apply to: each asked in a fixed order (the client's plan, then
-/// the further limits in the order they were added), each consuming `cost`; when one that
-/// is not in shadow mode refused, every token taken is given back. See docs/http.md for
-/// the guarantee under concurrency.
+/// A limit asked about a request: where its bucket is, its key and plan, and the store's
+/// answer with whether it took the cost.
+struct Question {
+    target: Target,
+    bucket: String,
+    plan: Plan,
+    answer: Option<(Answer, bool)>,
+}
+
+/// A request several limits apply to: the limits whose buckets do not lease are asked first,
+/// in a fixed order (the client's plan, then the further limits in the order they were
+/// added), each consuming `cost`; then the leased ones in the same order, each consuming
+/// `cost` only while no limit refused the request, and otherwise only read (what consuming
+/// would answer, computed on the bucket as read). When one that is not in shadow mode
+/// refused, every token taken is given back. So a leased bucket — a hot key served from its
+/// lease — is not charged for a request another limit refuses, nor given tokens back, which
+/// would be a round trip that ends its lease. The answers are those of every limit consuming
+/// in turn; they are listed in the fixed order. See docs/http.md for the guarantee under
+/// concurrency.
 async fn decide_many<ResBody: From<Bytes> + Send + 'static>(
     shared: Arc<Shared>,
     key: String,
@@ -348,43 +387,68 @@ async fn decide_many<ResBody: From<Bytes> + Send + 'static>(
     limits: Vec<usize>,
     grpc: bool,
 ) -> Verdict<Response<ResBody>> {
-    let mut asked: Vec<(Target, String, Plan, Answer)> = Vec::with_capacity(1 + limits.len());
-    let targets =
-        core::iter::once((Target::Client, key.clone(), plan)).chain(limits.iter().map(|&i| {
+    let mut asked: Vec<Question> = core::iter::once((Target::Client, key.clone(), plan))
+        .chain(limits.iter().map(|&i| {
             let l = &shared.limits[i].limit;
             (Target::Limit(i), l.key(&key), l.plan().clone())
-        }));
-    for (target, bucket, plan) in targets {
-        match ask(&shared, target, &bucket, &plan, cost).await {
-            Ok(answer) => asked.push((target, bucket, plan, answer)),
+        }))
+        .map(|(target, bucket, plan)| Question {
+            target,
+            bucket,
+            plan,
+            answer: None,
+        })
+        .collect();
+    let leased: Vec<bool> = asked
+        .iter()
+        .map(|a| leases(&shared, a.target, &a.plan))
+        .collect();
+    let order = (0..asked.len())
+        .filter(|&i| !leased[i])
+        .chain((0..asked.len()).filter(|&i| leased[i]));
+    let mut refused = false;
+    for i in order {
+        let a = &asked[i];
+        let take = !(refused && leased[i]);
+        match ask(&shared, a.target, &a.bucket, &a.plan, cost, take).await {
+            Ok(answer) => {
+                refused |= response::blocks(&shared, &a.plan, &answer);
+                asked[i].answer = Some((answer, take));
+            }
             Err(e) => {
                 give_back_all(&shared, &asked, cost).await;
-                let limit = match target {
+                let a = &asked[i];
+                let limit = match a.target {
                     Target::Client => crate::metrics::CLIENT,
-                    Target::Limit(_) => plan.name(),
+                    Target::Limit(_) => a.plan.name(),
                 };
-                return failed(&shared, (&plan, limit), &key, cost, grpc, e);
+                return failed(&shared, (&a.plan, limit), &key, cost, grpc, e);
             }
         }
     }
-    if asked
-        .iter()
-        .any(|(_, _, plan, answer)| response::blocks(&shared, plan, answer))
-    {
+    if refused {
         give_back_all(&shared, &asked, cost).await;
     }
-    let views: Vec<Asked<'_>> = asked
+    let views: Vec<response::Asked<'_>> = asked
         .iter()
-        .map(|(_, _, plan, answer)| Asked { plan, answer })
+        .filter_map(|a| {
+            let (answer, _) = a.answer.as_ref()?;
+            Some(response::Asked {
+                plan: &a.plan,
+                answer,
+            })
+        })
         .collect();
     response::verdict_many(&shared, &views, cost, grpc)
 }
 
 /// Gives `cost` back to every bucket that took it.
-async fn give_back_all(shared: &Shared, asked: &[(Target, String, Plan, Answer)], cost: u64) {
-    for (target, bucket, plan, answer) in asked {
-        if answer.value().is_consumed() {
-            give_back(shared, *target, bucket, plan, cost).await;
+async fn give_back_all(shared: &Shared, asked: &[Question], cost: u64) {
+    for a in asked {
+        if let Some((answer, true)) = &a.answer
+            && answer.value().is_consumed()
+        {
+            give_back(shared, a.target, &a.bucket, &a.plan, cost).await;
         }
     }
 }

@@ -22,9 +22,10 @@ struct Shelf {
 impl Shelf {
     async fn start(args: &[&str], options: ServeOptions) -> Self {
         let args = Args::parse(args.iter().map(|s| (*s).to_owned())).expect("valid flags");
-        let (app, _) = bookshelf::app_from(&args, bookshelf::load_plans(None).unwrap())
+        let app = bookshelf::app_from(&args, bookshelf::load_plans(None).unwrap())
             .await
-            .unwrap();
+            .unwrap()
+            .app;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel();

@@ -3,7 +3,11 @@
 // The distributed crate's test certificates and own PostgreSQL clusters, for the TLS test.
 #[path = "../../../bucket4rs-distributed/tests/it/certs.rs"]
 mod certs;
+// The backend that counts its round trips, as the layer's tests have it.
+#[path = "../../../bucket4rs-tower/tests/it/counted.rs"]
+mod counted;
 mod faults;
+mod leasing;
 #[path = "../../../bucket4rs-distributed/tests/postgres/own.rs"]
 #[allow(dead_code)] // the TLS test needs only part of it
 mod own;
@@ -39,6 +43,10 @@ impl Server {
 
     async fn with(store: RateLimitLayerBuilder) -> Self {
         let plans = bookshelf::load_plans(None).expect("the shipped plans file is valid");
+        Self::with_plans(store, plans).await
+    }
+
+    async fn with_plans(store: RateLimitLayerBuilder, plans: bucket4rs_tower::PlanTable) -> Self {
         Self::serving(bookshelf::app(store, plans).expect("a valid layer")).await
     }
 
@@ -332,16 +340,19 @@ fn redis_url() -> String {
     std::env::var("BUCKET4RS_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
-async fn redis_manager(prefix: &str) -> ProxyManager<RedisBackend> {
+async fn redis_backend() -> RedisBackend {
     let url = redis_url();
-    let backend = RedisBackend::connect(&url, RedisOptions::default())
+    RedisBackend::connect(&url, RedisOptions::default())
         .await
         .unwrap_or_else(|e| {
             panic!(
                 "Redis must be reachable at {url} (set BUCKET4RS_REDIS_URL; .ci/run starts it): {e}"
             )
-        });
-    ProxyManager::configure(backend)
+        })
+}
+
+async fn redis_manager(prefix: &str) -> ProxyManager<RedisBackend> {
+    ProxyManager::configure(redis_backend().await)
         .key_prefix(prefix)
         .build()
         .unwrap()
@@ -361,7 +372,8 @@ fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-async fn postgres_manager(prefix: &str) -> ProxyManager<PostgresBackend> {
+/// The PostgreSQL backend, its table made.
+async fn postgres_backend() -> PostgresBackend {
     let url = postgres_url();
     let backend = PostgresBackend::connect(&url, PostgresOptions::default())
         .await
@@ -369,7 +381,11 @@ async fn postgres_manager(prefix: &str) -> ProxyManager<PostgresBackend> {
             panic!("PostgreSQL must be reachable at {url} (set BUCKET4RS_POSTGRES_URL; .ci/run starts it): {e}")
         });
     backend.migrate().await.unwrap();
-    ProxyManager::configure(backend)
+    backend
+}
+
+async fn postgres_manager(prefix: &str) -> ProxyManager<PostgresBackend> {
+    ProxyManager::configure(postgres_backend().await)
         .key_prefix(prefix)
         .build()
         .unwrap()
@@ -396,18 +412,18 @@ async fn an_instance_on_sqlite_keeps_its_limits_across_a_restart() {
             .await
             .unwrap()
     };
-    let (app, store) = start().await;
-    assert_eq!(store, format!("SQLite file {file}"));
+    let started = start().await;
+    assert_eq!(started.store, format!("SQLite file {file}"));
     let client = reqwest::Client::new();
     let path = "/books/9781449373320";
     let began = std::time::Instant::now();
-    let first = Server::serving(app).await;
+    let first = Server::serving(started.app).await;
     for i in 1..=20 {
         let r = get(&client, &first.url(path), Some("free-demo-key")).await;
         assert_eq!(r.status(), StatusCode::OK, "lookup {i}");
     }
     first.stop().await;
-    let second = Server::serving(start().await.0).await;
+    let second = Server::serving(start().await.app).await;
     let mut granted = 0u64;
     while get(&client, &second.url(path), Some("free-demo-key"))
         .await
@@ -464,6 +480,17 @@ async fn shares_one_limit(a: Server, b: Server) {
     }
     a.stop().await;
     b.stop().await;
+}
+
+/// The address in the binary's first line ("Bookshelf API listening on http://ADDR …").
+fn listening_on(first: &str) -> String {
+    first
+        .trim()
+        .trim_start_matches("Bookshelf API listening on http://")
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_owned()
 }
 
 /// The binary, killed on drop (also when the test panics).
@@ -578,6 +605,7 @@ fn the_binary_explains_its_errors() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("--redis URL"));
 
     assert!(String::from_utf8_lossy(&out.stdout).contains("appendfsync always"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Leasing: a plan or limit"));
 
     // Knobs that can only break are refused at start, the flag named.
     for (flag, value) in [
@@ -596,18 +624,24 @@ fn the_binary_explains_its_errors() {
     let dir = std::env::temp_dir().join(format!("bookshelf-it-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let plans = dir.join("plans.toml");
-    std::fs::write(
-        &plans,
-        "[plans.free]\nlimits = [{ capacity = 20, refill = 20, period = \"1 fortnight\" }]\n",
-    )
-    .unwrap();
-    let out = run(&["--plans", plans.to_str().unwrap(), "--addr", "127.0.0.1:0"]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains(r#"plans.free.limits[0].period: "1 fortnight" is not a duration"#),
-        "{stderr}"
-    );
+    // A plans file that cannot be read stops the start, the field named; so do leasing
+    // settings the distributed crate refuses.
+    for (text, says) in [
+        (
+            "[plans.free]\nlimits = [{ capacity = 20, refill = 20, period = \"1 fortnight\" }]\n",
+            r#"plans.free.limits[0].period: "1 fortnight" is not a duration"#,
+        ),
+        (
+            "[plans.free]\nlimits = [\"20/minute\"]\nlease = { lifetime = \"1 minute\" }\n",
+            "plans.free.lease.lifetime: lifetime must be",
+        ),
+    ] {
+        std::fs::write(&plans, text).unwrap();
+        let out = run(&["--plans", plans.to_str().unwrap(), "--addr", "127.0.0.1:0"]);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{stderr}");
+    }
     let out = run(&["--frobnicate"]);
     assert!(!out.status.success());
     std::fs::remove_dir_all(&dir).unwrap();
@@ -646,13 +680,7 @@ fn the_binary_serves_and_stops_on_sigterm() {
         curl_line.contains("curl -i -H 'X-API-Key: free-demo-key'"),
         "{curl_line}"
     );
-    let addr = first
-        .trim()
-        .trim_start_matches("Bookshelf API listening on http://")
-        .split(' ')
-        .next()
-        .unwrap()
-        .to_owned();
+    let addr = listening_on(&first);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -682,17 +710,18 @@ fn the_binary_serves_and_stops_on_sigterm() {
 async fn cluster_and_sentinel_stores_start_while_down_and_a_bad_ca_file_is_named() {
     let plans = || bookshelf::load_plans(None).unwrap();
     let args = |a: &[&str]| bookshelf::Args::parse(a.iter().map(|s| (*s).to_owned())).unwrap();
-    let (_, store) = bookshelf::app_from(
+    let store = bookshelf::app_from(
         &args(&["--redis-cluster", "redis://127.0.0.1:1,redis://127.0.0.1:2"]),
         plans(),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .store;
     assert_eq!(
         store,
         "Redis Cluster at redis://127.0.0.1:1,redis://127.0.0.1:2"
     );
-    let (_, store) = bookshelf::app_from(
+    let store = bookshelf::app_from(
         &args(&[
             "--redis-sentinel",
             "redis://127.0.0.1:1",
@@ -702,7 +731,8 @@ async fn cluster_and_sentinel_stores_start_while_down_and_a_bad_ca_file_is_named
         plans(),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .store;
     assert!(store.contains("\"limits\""), "{store}");
     let missing = std::env::temp_dir().join("bookshelf-no-such-ca.pem");
     let e = bookshelf::app_from(

@@ -27,7 +27,7 @@ fn tls_server(certs: &Certs) -> OwnPostgres {
     server
 }
 
-async fn app_for(url: &str) -> Result<(bookshelf::App, String), String> {
+async fn app_for(url: &str) -> Result<bookshelf::Started, String> {
     let args = bookshelf::Args::parse(["--postgres".to_owned(), url.to_owned()]).unwrap();
     bookshelf::app_from(&args, bookshelf::load_plans(None).unwrap()).await
 }
@@ -44,9 +44,9 @@ async fn postgres_verify_full_with_the_ca_in_the_url_serves_its_limits_over_tls(
         server.url_at("localhost"),
         certs.path("ca.pem").display()
     );
-    let (app, store) = app_for(&url).await.expect("the URL is read");
-    assert_eq!(store, format!("PostgreSQL at {url}"));
-    let shelf = Server::serving(app).await;
+    let started = app_for(&url).await.expect("the URL is read");
+    assert_eq!(started.store, format!("PostgreSQL at {url}"));
+    let shelf = Server::serving(started.app).await;
     let client = reqwest::Client::new();
     // The backend connects and makes its table in the background: until then the failure
     // policy answers (503).
@@ -82,7 +82,7 @@ async fn postgres_verify_full_with_the_ca_in_the_url_serves_its_limits_over_tls(
         server.url_at("localhost"),
         certs.path("other-ca.pem").display()
     );
-    let shelf = Server::serving(app_for(&wrong).await.expect("the URL is read").0).await;
+    let shelf = Server::serving(app_for(&wrong).await.expect("the URL is read").app).await;
     let until = Instant::now() + Duration::from_millis(1_500);
     while Instant::now() < until {
         let r = get(&client, &shelf.url(LOOKUP), Some("free-demo-key")).await;

@@ -189,8 +189,27 @@ impl Leasing {
         u64::try_from(share / u128::from(self.processes.max(1))).unwrap_or(u64::MAX)
     }
 
-    /// Refuses the settings that can only break things.
-    pub(crate) fn check(&self) -> Result<(), DistributedError> {
+    /// Refuses the settings that can only break things, as
+    /// [`ManagerBuilder::build`](super::ManagerBuilder::build) and
+    /// [`RemoteBucketBuilder::build`](super::RemoteBucketBuilder::build) do: no processes, a
+    /// held share outside 1–100 %, a zero lifetime or one above 30 s, a zero period or one
+    /// longer than the lifetime, a zero idle time. The reason names the setting first (for
+    /// settings read from a file, to name the field).
+    ///
+    /// # Errors
+    /// [`DistributedError::InvalidSetting`] (`setting` is `"leasing"`).
+    ///
+    /// ```
+    /// use bucket4rs_distributed::{DistributedError, Leasing};
+    /// use std::time::Duration;
+    /// assert!(Leasing::new().check().is_ok());
+    /// let long = Leasing::new().period(Duration::from_secs(2)); // longer than the 1 s lifetime
+    /// assert!(matches!(
+    ///     long.check(),
+    ///     Err(DistributedError::InvalidSetting { reason, .. }) if reason.starts_with("period ")
+    /// ));
+    /// ```
+    pub fn check(&self) -> Result<(), DistributedError> {
         let refuse = |reason| {
             Err(DistributedError::InvalidSetting {
                 setting: "leasing",

@@ -561,6 +561,21 @@ impl<B: Backend> ProxyManager<B> {
         }
     }
 
+    /// The leasing of the buckets that do not choose their own
+    /// ([`ManagerBuilder::leasing`]; `None`: off).
+    ///
+    /// ```
+    /// use bucket4rs_distributed::{EmbeddedBackend, Leasing, ProxyManager};
+    /// assert_eq!(ProxyManager::new(EmbeddedBackend::new()).leasing(), None);
+    /// let leasing = Leasing::new().processes(4);
+    /// let manager = ProxyManager::configure(EmbeddedBackend::new()).leasing(leasing).build()?;
+    /// assert_eq!(manager.leasing(), Some(leasing));
+    /// # Ok::<(), bucket4rs_distributed::DistributedError>(())
+    /// ```
+    pub fn leasing(&self) -> Option<Leasing> {
+        self.inner.leasing.as_deref().copied()
+    }
+
     /// The backend.
     ///
     /// ```

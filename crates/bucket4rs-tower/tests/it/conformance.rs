@@ -8,7 +8,9 @@
 //! expects is built from those values, so a layer that consumed when Bucket4j would not (or
 //! the reverse) fails the trace, and so does a response that disagrees with the store. Every
 //! other operation goes to the same store directly; a replaced configuration becomes the
-//! key's plan, so that the layer finds the bucket under its current plan.
+//! key's plan, so that the layer finds the bucket under its current plan. On a remote store
+//! the traces run twice: once as they are, once with every bucket leasing (one process: a
+//! leased bucket answers exactly as an unleased one).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use bucket4rs_core::ops;
 use bucket4rs_core::{BucketConfiguration, ConsumptionProbe, EstimationProbe, ManualClock};
-use bucket4rs_distributed::{EmbeddedBackend, ProxyManager, RemoteBucket};
+use bucket4rs_distributed::{EmbeddedBackend, Leasing, ProxyManager, RemoteBucket, TimeSource};
 use bucket4rs_test::{Engine, Op, outcome, replay_all, replay_all_monotonic};
 use bucket4rs_tower::{LocalStore, Plan, RateLimitLayer, RequestInfo};
 use bytes::Bytes;
@@ -98,6 +100,9 @@ struct LayerEngine<'r> {
     /// Whether a step replaced the configuration (the fixed plans no longer hold it).
     replaced: bool,
     target: Target,
+    /// Whether the remote buckets lease (their records then hold less than the buckets: the
+    /// leases are out).
+    leased: bool,
     clock: ManualClock,
     rt: &'r Runtime,
     /// Requests answered 500 (cost beyond the plan's capacity) that Bucket4j would have
@@ -152,6 +157,7 @@ impl<'r> LayerEngine<'r> {
             current,
             replaced: false,
             target: Target::Local,
+            leased: false,
             clock,
             rt,
             beyond: Arc::clone(beyond),
@@ -168,11 +174,46 @@ impl<'r> LayerEngine<'r> {
         clock: ManualClock,
     ) -> Result<Self, String> {
         let manager = ProxyManager::new(EmbeddedBackend::with_clock(clock.clone()));
+        Self::shared(rt, beyond, config, clock, manager, false)
+    }
+
+    /// [`remote`](Self::remote) with every bucket leasing: the plans the layer resolves (and
+    /// the buckets the engine reads, through the manager's setting), the leases' views on
+    /// `clock`.
+    fn leased(
+        rt: &'r Runtime,
+        beyond: &Arc<AtomicUsize>,
+        config: BucketConfiguration,
+        clock: ManualClock,
+    ) -> Result<Self, String> {
+        let manager = ProxyManager::configure(EmbeddedBackend::with_clock(clock.clone()))
+            .time_source(TimeSource::client(clock.clone()))
+            .leasing(Leasing::new())
+            .build()
+            .map_err(text)?;
+        Self::shared(rt, beyond, config, clock, manager, true)
+    }
+
+    fn shared(
+        rt: &'r Runtime,
+        beyond: &Arc<AtomicUsize>,
+        config: BucketConfiguration,
+        clock: ManualClock,
+        manager: ProxyManager<EmbeddedBackend>,
+        leased: bool,
+    ) -> Result<Self, String> {
         let current = Current::new(config);
         let c = current.clone();
         let layer = RateLimitLayer::builder()
             .backend(manager.clone())
-            .plans(move |_: &str| c.resolve())
+            .plans(move |_: &str| {
+                let plan = c.resolve()?;
+                Some(if leased {
+                    plan.with_leasing(Leasing::new()).expect("valid settings")
+                } else {
+                    plan
+                })
+            })
             .cost(cost)
             .remaining_header(true)
             .build()
@@ -199,6 +240,7 @@ impl<'r> LayerEngine<'r> {
                 bucket,
                 bystander,
             },
+            leased,
             clock,
             rt,
             beyond: Arc::clone(beyond),
@@ -573,6 +615,21 @@ impl Engine for LayerEngine<'_> {
             }
             Target::Remote {
                 bucket, bystander, ..
+            } if self.leased => self.rt.block_on(async {
+                // What the buckets answer, not their records: a return of a lease changes
+                // the record, never an answer.
+                let seen = |r: Result<bucket4rs_core::VerboseResult<i64>, _>| match r {
+                    Ok(r) => format!("{:?} {:?}", r.configuration(), r.state()),
+                    Err(e) => format!("error: {e}"),
+                };
+                format!(
+                    "{} / {}",
+                    seen(bucket.as_verbose().available_tokens().await),
+                    seen(bystander.as_verbose().available_tokens().await)
+                )
+            }),
+            Target::Remote {
+                bucket, bystander, ..
             } => self.rt.block_on(async {
                 let record = |r: Result<Option<Vec<u8>>, _>| match r {
                     Ok(Some(bytes)) => format!("{bytes:02x?}"),
@@ -624,4 +681,10 @@ fn every_trace_replays_through_the_layer_with_resolved_plans() {
 fn every_trace_replays_through_the_layer_on_a_remote_store() {
     let rt = runtime();
     replay_both("tower/remote store", &rt, LayerEngine::remote);
+}
+
+#[test]
+fn every_trace_replays_through_the_layer_on_a_leased_remote_store() {
+    let rt = runtime();
+    replay_both("tower/leased remote store", &rt, LayerEngine::leased);
 }

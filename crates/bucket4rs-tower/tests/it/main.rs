@@ -3,6 +3,8 @@
 //! shared one (`.backend(..)`: the embedded backend through the async manager).
 
 mod conformance;
+mod counted;
+mod leasing;
 mod limits;
 
 use std::convert::Infallible;
