@@ -305,14 +305,14 @@ impl Slot {
 }
 
 /// What a call does next.
-enum Step<T> {
+enum Step<'s, T> {
     /// Answered in process.
     Answer(Outcome<T>),
     /// A round trip is in flight: wait for it, then look again.
     Wait,
     /// Go to the backend, ending the lease (its unused tokens ride along), then maybe take
-    /// a new one of this size.
-    Trip { size: u64 },
+    /// a new one of this size. The slot is marked busy until `busy` is dropped.
+    Trip { size: u64, busy: Busy<'s> },
 }
 
 /// Whether a command can take tokens (and a lease after it).
@@ -583,19 +583,19 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
                 done.as_mut().enable();
                 match self.local(&slot, &job, command) {
                     Step::Answer(out) => return Ok(Ok(out)),
-                    Step::Trip { size } => return Ok(Err(size)),
+                    Step::Trip { size, busy } => return Ok(Err((size, busy))),
                     Step::Wait => done.await,
                 }
             }
         });
         match waiting.await? {
             Ok(answer) => answer,
-            Err(size) => self.trip(&slot, job, command, size).await,
+            Err((size, busy)) => self.trip(&slot, busy, job, command, size).await,
         }
     }
 
     /// The call in process, if the view and the lease can answer it.
-    fn local<J: Job>(&self, slot: &Slot, job: &J, command: Command) -> Step<J::Output> {
+    fn local<'s, J: Job>(&self, slot: &'s Slot, job: &J, command: Command) -> Step<'s, J::Output> {
         let manager = &self.manager;
         let now_instant = Instant::now();
         let mut guard = slot.lock();
@@ -631,7 +631,10 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
                 _ => 0,
             };
             s.busy = true;
-            return Step::Trip { size };
+            return Step::Trip {
+                size,
+                busy: Busy(slot),
+            };
         };
         let now = manager.view_now(view);
         if let Some(lease) = s.lease.as_mut() {
@@ -684,6 +687,7 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
                             s.busy = true;
                             return Step::Trip {
                                 size: if size < 2 { 0 } else { size },
+                                busy: Busy(slot),
                             };
                         }
                     }
@@ -705,14 +709,14 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
     async fn trip<J: Job>(
         &self,
         slot: &Slot,
+        // Waiters are let go however this ends (a dropped future included).
+        _busy: Busy<'_>,
         job: J,
         command: Command,
         size: u64,
     ) -> Outcome<J::Output> {
         let manager = &self.manager;
         let key = &self.key;
-        // Waiters are let go however this ends (a dropped future included).
-        let _busy = Busy(slot);
         let ended = {
             let mut s = slot.lock();
             s.used = 0;
@@ -790,7 +794,8 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
     }
 }
 
-/// Marks a slot's round trip over (and wakes its waiters) when dropped.
+/// A slot's round trip in flight (the slot was marked busy when this was made): dropped, it
+/// marks the round trip over and wakes the waiters, however the call ended.
 struct Busy<'a>(&'a Slot);
 
 impl Drop for Busy<'_> {

@@ -24,6 +24,8 @@ struct Remote {
     store: EmbeddedBackend,
     transactions: AtomicU64,
     down: AtomicBool,
+    /// Each transaction waits this long (milliseconds) before it runs.
+    delay_ms: AtomicU64,
 }
 
 impl Remote {
@@ -50,6 +52,10 @@ impl Backend for Remote {
         tx: &mut dyn Transaction,
     ) -> Result<(), BackendError> {
         self.refuse()?;
+        let delay = self.delay_ms.load(Ordering::Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
         self.transactions.fetch_add(1, Ordering::Relaxed);
         self.store.transact(key, tx).await
     }
@@ -440,4 +446,44 @@ fn leasing_settings_that_cannot_work_are_refused() {
             .unwrap_err();
         assert!(err.to_string().contains(why), "{bad:?}: {err}");
     }
+}
+
+/// A caller that goes away while its key's round trip is in flight lets the callers waiting
+/// behind it go on (none hangs), and its call is settled like any call dropped in flight.
+#[test]
+fn a_leased_call_dropped_in_flight_frees_its_key_and_is_settled() {
+    let rt = runtime();
+    let k = 10_000;
+    let backend = Remote::new();
+    let manager = process(&backend, Leasing::new());
+    rt.block_on(async {
+        let b = manager.builder().build("hot", move || still(k)).unwrap();
+        assert!(b.try_consume(1).await.unwrap());
+        backend.delay_ms.store(300, Ordering::Relaxed);
+        // The first call's round trip is slow; the second waits behind it. The first goes
+        // away mid-flight.
+        let (first, second) = (b.clone(), b.clone());
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(50),
+            first.consume_ignoring_rate_limits(5),
+        );
+        let waiting = tokio::spawn(async move { second.try_consume(1).await });
+        assert!(dropped.await.is_err(), "the slow call was not dropped");
+        backend.delay_ms.store(0, Ordering::Relaxed);
+        let granted = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the caller behind the dropped one hangs")
+            .unwrap()
+            .unwrap();
+        assert!(granted);
+        for _ in 0..100 {
+            if manager.unsettled() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(manager.unsettled(), 0, "the dropped call was never settled");
+        manager.release_leases().await.unwrap();
+        assert_eq!(left(&backend, "hot", k).await, (k - 2) as i64);
+    });
 }
