@@ -10,8 +10,8 @@
 //!   lease and the view drawn down;
 //! - otherwise one round trip ([`LeaseTx`]): the lease's unused tokens go back (an exact
 //!   partial settlement of its entry, `crate::ledger`), the call runs on the shared bucket,
-//!   and a new lease is taken after a consumption that left no debt, sized to what this
-//!   process used per [`Leasing::period`].
+//!   and a new lease is taken (`Command::Lease`) after a consuming call, sized to what this
+//!   process used per [`Leasing::period`] and to its share of what the bucket had.
 //!
 //! One round trip per key at a time: callers that find one in flight wait for it and then
 //! look again. A lease ends at its lifetime, after an idle spell (the keeper task), at the
@@ -704,8 +704,8 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
     }
 
     /// One round trip for a call the lease could not answer: the lease's unused tokens go
-    /// back, the call runs on the shared bucket, and a new lease of `size` is taken after a
-    /// consumption that left no debt.
+    /// back, the call runs on the shared bucket, and a new lease of up to `size` is taken
+    /// (none for a size of 0).
     async fn trip<J: Job>(
         &self,
         slot: &Slot,
@@ -805,9 +805,9 @@ impl Drop for Busy<'_> {
     }
 }
 
-/// A leased key's round trip: the call, then (after a consumption that left no debt, while
-/// the ledger has room) a lease of up to `size` tokens. The lease's unused tokens and the
-/// key's calls in doubt ride in the id.
+/// A leased key's round trip: the call, then (`Command::Lease`, while the ledger has room) a
+/// lease of up to `size` tokens. The lease's unused tokens and the key's calls in doubt ride
+/// in the id.
 struct LeaseTx<'a, J: Job> {
     job: J,
     command: Command,
