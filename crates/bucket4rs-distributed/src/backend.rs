@@ -83,13 +83,19 @@ pub enum Command {
     /// `replace_configuration(..)`: only through [`Transaction::apply`].
     ReplaceConfiguration,
     /// Takes into a lease that the manager serves its callers from (see
-    /// [`ManagerBuilder::leasing`](crate::ManagerBuilder::leasing)) as many tokens as every
-    /// bandwidth has, up to `n` (none when one is empty or in debt): the last operation of a
-    /// batch, after the call it rides with. Taken only while the record's ledger holds fewer
-    /// than 24 entries (after those expired are forgotten), so that calls in doubt can still
-    /// be settled. A native path that does not know it computes the transaction with
+    /// [`ManagerBuilder::leasing`](crate::ManagerBuilder::leasing)) this process's share of
+    /// what every bandwidth has: the fewest tokens of any bandwidth (none when one is empty
+    /// or in debt) divided by `processes`, rounded down, at most `tokens`. The last operation
+    /// of a batch, after the call it rides with. Taken only while the record's ledger holds
+    /// fewer than 24 leases of other managers, so that calls in doubt can still be settled. A
+    /// native path that does not know it computes the transaction with
     /// [`Transaction::apply`].
-    Lease(u64),
+    Lease {
+        /// The most it takes.
+        tokens: u64,
+        /// How many processes share what there is.
+        processes: u32,
+    },
     /// Several operations of one key applied in arrival order in one transaction (the
     /// manager's request batching, see [`ManagerBuilder::max_batch`](crate::ManagerBuilder::max_batch));
     /// the operations are listed by [`Transaction::batch`]. A backend without a native

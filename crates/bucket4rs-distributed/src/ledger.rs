@@ -43,6 +43,12 @@ use crate::format::{Ledger, LedgerEntry, Level, Record, Tombstone};
 
 /// Entries (and tombstones) a record keeps at most; the oldest go first.
 pub(crate) const MAX_ENTRIES: usize = 32;
+/// The mark of a lease's entry: its sequence number with this bit set (sequence numbers stay
+/// far below it, and the mark keeps them below 2^53, exact for the Redis script). A marked
+/// entry is never forgotten by its owner's floor: its return removes it, or its owner's next
+/// lease (a lease whose tokens were all used gives nothing back), or its expiry. Only marked
+/// entries count towards the leases a key may hold.
+pub(crate) const LEASE_BIT: u64 = 1 << 52;
 /// Expiry times are the bucket's clock shifted right by this many bits (1.05 ms units).
 pub(crate) const SHIFT: u32 = 20;
 
@@ -121,6 +127,16 @@ fn capped(l: &mut Ledger, b: &Bandwidth, i: usize, x_plus: i128) {
         let v = level(l, k, i);
         *v = min(*v, Some(cap - x_plus));
     }
+}
+
+/// Whether the key may take another lease for `owner`: fewer than `room` marked entries of
+/// other owners (this owner's earlier ones are forgotten by its lease).
+pub(crate) fn lease_room(l: &Ledger, owner: u64, room: usize) -> bool {
+    l.entries
+        .iter()
+        .filter(|e| e.seq & LEASE_BIT != 0 && e.owner != owner)
+        .count()
+        < room
 }
 
 /// `tokens` in refill units, per bandwidth of `config` (what a lease of `tokens` took from
@@ -209,7 +225,9 @@ fn expiry(id: &OperationId, now: i64) -> i64 {
 }
 
 fn seen(l: &Ledger, owner: u64, seq: u64) -> bool {
-    l.entries.iter().any(|e| e.owner == owner && e.seq == seq)
+    l.entries
+        .iter()
+        .any(|e| e.owner == owner && (e.seq == seq || e.seq == seq | LEASE_BIT))
         || l.tombstones
             .iter()
             .any(|t| t.owner == owner && t.seq == seq)
@@ -293,7 +311,9 @@ pub(crate) fn before(
         }
     }
     for &seq in &id.settles {
-        if let Some(j) = find(&record.ledger, seq) {
+        // The operation's entry, marked if it took a lease.
+        let entry = find(&record.ledger, seq).or_else(|| find(&record.ledger, seq | LEASE_BIT));
+        if let Some(j) = entry {
             give_back(record, j, |_, taken| taken);
         } else if seen(&record.ledger, id.owner, seq) {
             continue;
@@ -361,6 +381,12 @@ pub(crate) fn after(
         }
     }
     forget_where(l, |e| e.owner == id.owner && e.seq < id.floor);
+    // A lease: this owner's earlier leases of the key have ended (their returns were made
+    // first, in `before`); what is left of them was used.
+    let leasing = commands.iter().any(|c| matches!(c, Command::Lease { .. }));
+    if leasing {
+        forget_where(l, |e| e.owner == id.owner && e.seq & LEASE_BIT != 0);
+    }
     if !gives {
         let taken: Vec<i128> = (0..n)
             .map(|i| {
@@ -374,7 +400,7 @@ pub(crate) fn after(
             }
             l.entries.push(LedgerEntry {
                 owner: id.owner,
-                seq: id.seq,
+                seq: if leasing { id.seq | LEASE_BIT } else { id.seq },
                 expires: expiry(id, now),
                 taken,
                 level: vec![None; n],
@@ -413,7 +439,10 @@ mod tests {
             Op::Consume(n) => Command::TryConsume(n),
             Op::Add(n) => Command::AddTokens(n),
             Op::Ignore(n) => Command::ConsumeIgnoringRateLimits(n),
-            Op::Lease(n) => Command::Lease(n),
+            Op::Lease(n) => Command::Lease {
+                tokens: n,
+                processes: 1,
+            },
         }
     }
 
@@ -595,8 +624,9 @@ mod tests {
             let mut now = 0i64;
             let mut bytes = format::encode(&config, &BucketState::new(&config, now));
             let mut shadow = BucketState::new(&config, now);
-            // Live leases: (seq, unused part to return, in refill units per bandwidth).
-            let mut live: Vec<(u64, Vec<u128>)> = Vec::new();
+            // Live leases, each of a manager of its own (one lease per key and manager):
+            // (owner, its entry's mark, unused part to return in refill units per bandwidth).
+            let mut live: Vec<(u64, u64, Vec<u128>)> = Vec::new();
             let len = rng.random_range(1..=30);
             let effect = |shadow: &mut BucketState, op: Op, now: i64| {
                 let mut s = format::encode(&config, shadow);
@@ -607,27 +637,38 @@ mod tests {
             while seq < len || !live.is_empty() {
                 seq += 1;
                 now += rng.random_range(0..=400);
-                let mut returns = Vec::new();
+                // Some leases come back now, each by a transaction of its own manager that
+                // only returns (a lease's return rides on its manager's next transaction).
                 if seq > len || rng.random_bool(0.3) {
                     while !live.is_empty() && (seq > len || rng.random_bool(0.5)) {
-                        returns.push(live.swap_remove(rng.random_range(0..live.len())));
+                        let (owner, mark, unused) =
+                            live.swap_remove(rng.random_range(0..live.len()));
+                        let mut back = id(seq, seq, Vec::new());
+                        back.owner = owner;
+                        back.returns = vec![(mark, unused)];
+                        run_lease(&mut bytes, &back, Op::Consume(0), now);
+                        returned_any += 1;
                     }
                 }
-                let floor = live.iter().map(|(q, _)| *q).min().unwrap_or(seq);
-                let mut op_id = id(seq, floor, Vec::new());
-                op_id.returns = returns;
+                if seq > len {
+                    continue;
+                }
                 let op = match rng.random_range(0..10) {
-                    _ if seq > len => Op::Consume(0),
                     0 => Op::Add(rng.random_range(1..=20)),
                     1 => Op::Ignore(rng.random_range(1..=10)),
                     2..=5 => Op::Lease(rng.random_range(1..=30)),
                     _ => Op::Consume(rng.random_range(1..=10)),
                 };
+                let mut op_id = id(seq, seq, Vec::new());
+                if matches!(op, Op::Lease(_)) {
+                    op_id.owner = 1_000 + seq;
+                }
                 let took = run_lease(&mut bytes, &op_id, op, now);
                 match (op, took) {
                     (Op::Lease(_), m) if m > 0 => {
                         let unused = rng.random_range(0..=m);
-                        live.push((seq, units_of(&config, unused)));
+                        // A lease's entry is marked (`LEASE_BIT`): its return names it so.
+                        live.push((op_id.owner, seq | LEASE_BIT, units_of(&config, unused)));
                         if m > unused {
                             effect(&mut shadow, Op::Ignore(m - unused), now);
                         }
@@ -636,7 +677,6 @@ mod tests {
                     (Op::Add(n), 1) => effect(&mut shadow, Op::Add(n), now),
                     _ => {}
                 }
-                returned_any += usize::from(!op_id.returns.is_empty());
             }
             let record = format::decode(&bytes).unwrap();
             let tokens = |s: &BucketState| -> Vec<(i64, i64)> {
@@ -671,7 +711,10 @@ mod tests {
             }
             return u64::from(run(bytes, id, op, now));
         };
-        let cmd = [Command::Lease(n)];
+        let cmd = [Command::Lease {
+            tokens: n,
+            processes: 1,
+        }];
         let mut took = 0;
         let w = apply_bytes(Some(bytes), now, Duration::ZERO, Some((id, &cmd)), |r| {
             let r = r.as_mut().unwrap();

@@ -1164,7 +1164,7 @@ fn command_args(command: Command) -> (u8, u64, u64) {
         Command::Reset => (7, 0, 0),
         Command::AvailableTokens => (8, 0, 0),
         Command::ConsumeIgnoringRateLimits(n) if fits(n) => (9, n, 0),
-        Command::Lease(n) if fits(n) => (12, n, 0),
+        Command::Lease { tokens, processes } if fits(tokens) => (12, tokens, u64::from(processes)),
         // The script's waits stay below 2^53: a longer maximum answers the same as 2^53 - 1,
         // which the script reads exactly.
         Command::Reserve {

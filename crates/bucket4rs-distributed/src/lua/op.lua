@@ -14,8 +14,9 @@
 -- A batch (ARGV[1] = 11): ARGV[13..] holds (command code, tokens, max wait) triples, applied
 -- in order on the record at one instant; written once at the end, or not at all when any
 -- of them cannot be computed exactly here (status 2: the client computes the whole batch).
--- Code 12 is a lease: as much as every bandwidth has, up to `tokens`, while the ledger holds
--- fewer than 24 live entries (the manager's leasing, manager/lease.rs).
+-- Code 12 is a lease: this process's share (the triple's third field: how many processes
+-- share it) of what every bandwidth has, up to `tokens`, while the ledger holds fewer than 24
+-- leases of other managers (the manager's leasing, manager/lease.rs).
 --
 -- The ledger (format version 2, ledger.rs): a write forgets expired entries, refuses an
 -- operation already recorded (status 5, nothing written), clamps every give-back to the room
@@ -362,18 +363,22 @@ local function ledger_parsed()
   return parsed
 end
 
--- A lease (code 12) is taken only while the ledger has room for its entry: fewer than
--- LEASE_ROOM entries that have not expired (ledger.rs, lease.rs). The ledger is parsed for it
--- before the operations (a write parses it anyway).
-local LEASE_ROOM = 24
+-- A lease (code 12) is taken only while the key holds fewer than LEASE_ROOM leases of other
+-- owners: entries marked by LEASE_BIT in their sequence number that have not expired
+-- (ledger.rs `lease_room`). The ledger is parsed for it before the operations (a write
+-- parses it anyway).
+local LEASE_ROOM, LEASE_BIT = 24, 4503599627370496 -- 2^52
 local room = nil
 for j = 1, #cmds do
   if cmds[j][1] == 12 and room == nil then
     if not ledger_parsed() then return client() end
     local nowq = nh * 4096 + math.floor(nl / 1048576)
-    local live = 0
-    for k = 1, #E do if E[k].exp > nowq then live = live + 1 end end
-    room = live < LEASE_ROOM
+    local leases = 0
+    for k = 1, #E do
+      local x = E[k]
+      if x.exp > nowq and x.seq >= LEASE_BIT and x.owner ~= ARGV[9] then leases = leases + 1 end
+    end
+    room = leases < LEASE_ROOM
   end
 end
 
@@ -387,14 +392,20 @@ for j = 1, #cmds do
   local amount = 0
   if cmd == 1 or cmd == 2 then
     if arg <= a then mutate = 'consume'; amount = arg end
-  elseif cmd == 4 or (cmd == 12 and room) then
+  elseif cmd == 4 then
     if a > 0 then
       amount = a
       if arg >= 0 and arg < a then amount = arg end
       mutate = 'consume'
     end
   elseif cmd == 12 then
-    -- a lease without room in the ledger: none
+    -- a lease (the third field: how many processes share what there is), while the ledger
+    -- has room: floor(a / processes), at most the size; none without room
+    if room and a > 0 and maxw >= 1 then
+      amount = math.floor(a / maxw)
+      if arg < amount then amount = arg end
+      if amount > 0 then mutate = 'consume' end
+    end
   elseif cmd == 5 then mutate = 'add'; amount = arg; gives = true; added = added + arg
   elseif cmd == 6 then mutate = 'force'; amount = arg; gives = true
   elseif cmd == 7 then mutate = 'reset'; gives = true
@@ -524,7 +535,9 @@ else
   for k = 1, #T do if T[k].exp > nowq then T2[#T2 + 1] = T[k] end end
   T = T2
   for k = 1, #E do
-    if E[k].owner == owner and E[k].seq == seq then return {5, nh, nl, ts, tus} end
+    if E[k].owner == owner and (E[k].seq == seq or E[k].seq == seq + LEASE_BIT) then
+      return {5, nh, nl, ts, tus}
+    end
   end
   for k = 1, #T do
     if T[k].owner == owner and T[k].seq == seq then return {5, nh, nl, ts, tus} end
@@ -546,6 +559,12 @@ else
     end
   end
   forget_where(function(x) return x.owner == owner and x.seq < floor end)
+  -- a lease: this owner's earlier leases of the key have ended (what is left of them, the
+  -- client returned; the rest was used), and this one's entry is marked
+  local leasing = room ~= nil
+  if leasing then
+    forget_where(function(x) return x.owner == owner and x.seq >= LEASE_BIT end)
+  end
   if not gives then
     local tk, any = {}, false
     for i = 1, n do
@@ -559,7 +578,9 @@ else
     end
     if any then
       if #E == 0 then for i = 1, n do BASE[i] = {0, 0} end end
-      E[#E + 1] = {owner = owner, seq = seq, exp = nowq + tonumber(ARGV[12]), tk = tk, lv = {},
+      local mark = seq
+      if leasing then mark = seq + LEASE_BIT end
+      E[#E + 1] = {owner = owner, seq = mark, exp = nowq + tonumber(ARGV[12]), tk = tk, lv = {},
         dirty = true}
     end
   end

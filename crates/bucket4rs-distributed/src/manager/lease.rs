@@ -23,7 +23,7 @@ use core::fmt;
 use core::time::Duration;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use bucket4rs_core::ops::{Refilled, TryConsumeAsMuchAsPossible};
+use bucket4rs_core::ops::{AvailableTokens, Refilled, TryConsumeAsMuchAsPossible};
 use bucket4rs_core::{Answer, BucketConfiguration, BucketState, VerboseResult};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -41,9 +41,12 @@ use crate::record::{self, Job, Outcome, Supplier};
 /// settling in-doubt calls); a process that finds no room takes no lease and sends its calls.
 pub(crate) const LEASE_ROOM: usize = MAX_ENTRIES - 8;
 
-/// The longest lease lifetime: a lease must be returned well within the minute its ledger
-/// entry is kept.
+/// The longest lease lifetime.
 const MAX_LIFETIME: Duration = Duration::from_secs(30);
+
+/// How long past its lifetime a lease's ledger entry waits for its return (a return later
+/// than that, after an outage, gives nothing back).
+const RETURN_GRACE: Duration = Duration::from_secs(10);
 
 /// Hot keys at local speed: a manager takes tokens from a shared bucket in blocks (*leases*)
 /// and serves its callers from them in process, giving back exactly what it did not use.
@@ -243,8 +246,12 @@ impl Leasing {
 struct View {
     record: Record,
     reading: i64,
-    /// When the reply arrived (the view expires a lifetime later).
+    /// When the reply arrived (what the backend's clock has moved since is measured from
+    /// here: a view refills no sooner than the bucket).
     at: Instant,
+    /// When its round trip was sent: the view and the lease taken with it end a lifetime
+    /// later, so a lease is never used more than a lifetime after the bucket gave it.
+    sent: Instant,
 }
 
 /// What the operation `seq` took from the shared bucket and is not used yet, per bandwidth
@@ -279,6 +286,9 @@ struct SlotState {
     used: u64,
     since: Option<Instant>,
     last_call: Option<Instant>,
+    /// Tokens asked by the calls waiting for the round trip in flight: the next lease covers
+    /// them where the bucket has them, so they are answered when it comes back.
+    waiting: u64,
 }
 
 /// One key's lease and view in a manager.
@@ -351,6 +361,7 @@ fn lease_size(
     config: &BucketConfiguration,
     used: u64,
     elapsed: Duration,
+    waiting: u64,
 ) -> u64 {
     let capacity = config
         .bandwidths()
@@ -361,8 +372,47 @@ fn lease_size(
     let cap = settings.lease_cap(capacity);
     let elapsed = elapsed.as_nanos().max(1);
     let wanted = u128::from(used) * settings.period.as_nanos() / elapsed;
-    let size = u64::try_from(wanted).unwrap_or(u64::MAX).min(cap);
+    let size = u64::try_from(wanted)
+        .unwrap_or(u64::MAX)
+        .max(waiting)
+        .min(cap);
     if size < 2 { 0 } else { size }
+}
+
+/// The tokens a call asks for, as far as a lease may cover them (0: none).
+fn asks(command: Command) -> u64 {
+    match command {
+        Command::TryConsume(n)
+        | Command::TryConsumeAndReturnRemaining(n)
+        | Command::ConsumeIgnoringRateLimits(n)
+        | Command::Reserve { tokens: n, .. } => n,
+        _ => 0,
+    }
+}
+
+/// A call's tokens counted in its slot's `waiting` while it waits for a round trip.
+struct Waiting<'a> {
+    slot: &'a Slot,
+    tokens: u64,
+}
+
+impl Waiting<'_> {
+    fn count(&mut self, tokens: u64) {
+        if self.tokens == 0 && tokens > 0 {
+            self.tokens = tokens;
+            let mut s = self.slot.lock();
+            s.waiting = s.waiting.saturating_add(tokens);
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.tokens > 0 {
+            let mut s = self.slot.lock();
+            s.waiting = s.waiting.saturating_sub(self.tokens);
+        }
+    }
 }
 
 impl<B: Backend> ProxyManager<B> {
@@ -577,14 +627,23 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
         let manager = &self.manager;
         let slot = manager.slot(&self.key, settings);
         let waiting = with_timeout(manager.inner.timeout, async {
+            let mut waited = false;
+            let mut counted = Waiting {
+                slot: &slot,
+                tokens: 0,
+            };
             loop {
                 let done = slot.done.notified();
                 tokio::pin!(done);
                 done.as_mut().enable();
-                match self.local(&slot, &job, command) {
+                match self.local(&slot, &job, command, waited) {
                     Step::Answer(out) => return Ok(Ok(out)),
                     Step::Trip { size, busy } => return Ok(Err((size, busy))),
-                    Step::Wait => done.await,
+                    Step::Wait => {
+                        counted.count(asks(command));
+                        done.await;
+                        waited = true;
+                    }
                 }
             }
         });
@@ -594,24 +653,39 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
         }
     }
 
-    /// The call in process, if the view and the lease can answer it.
-    fn local<'s, J: Job>(&self, slot: &'s Slot, job: &J, command: Command) -> Step<'s, J::Output> {
+    /// The call in process, if the view and the lease can answer it. A call that `waited`
+    /// for the key's round trip is answered at that round trip's reading, as a call queued
+    /// behind a batch is answered at the batch's instant: from the lease if it covers it,
+    /// refused if the bucket then could not, and only then sent (otherwise, on a key running
+    /// dry, the view's refill since the reading would grant every waiter in turn and send
+    /// them one round trip at a time, each behind the last).
+    fn local<'s, J: Job>(
+        &self,
+        slot: &'s Slot,
+        job: &J,
+        command: Command,
+        waited: bool,
+    ) -> Step<'s, J::Output> {
         let manager = &self.manager;
         let now_instant = Instant::now();
         let mut guard = slot.lock();
         let s = &mut *guard;
-        if s.busy {
+        // A call that waited is answered from what the last round trip saw even while the
+        // next one is in flight (new calls keep starting them on a busy key); it waits again
+        // only if it must go to the backend itself.
+        if s.busy && !waited {
             return Step::Wait;
         }
         s.last_call = Some(now_instant);
         let since = *s.since.get_or_insert(now_instant);
-        let used = s.used;
+        let (used, waiting) = (s.used, s.waiting);
         let size_now = |config: &BucketConfiguration| {
             lease_size(
                 &slot.settings,
                 config,
                 used,
                 now_instant.saturating_duration_since(since),
+                waiting,
             )
         };
         let changes_bucket = matches!(
@@ -621,11 +695,13 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
                 | Command::Reset
                 | Command::ReplaceConfiguration
         );
-        let live = s
-            .view
-            .as_ref()
-            .is_some_and(|v| now_instant.saturating_duration_since(v.at) < slot.settings.lifetime);
+        let live = s.view.as_ref().is_some_and(|v| {
+            now_instant.saturating_duration_since(v.sent) < slot.settings.lifetime
+        });
         let (false, true, Some(view)) = (changes_bucket, live, s.view.as_mut()) else {
+            if s.busy {
+                return Step::Wait;
+            }
             let size = match &s.view {
                 Some(v) if consumes(command) => size_now(&v.record.config),
                 _ => 0,
@@ -636,7 +712,11 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
                 busy: Busy(slot),
             };
         };
-        let now = manager.view_now(view);
+        let now = if waited {
+            view.reading
+        } else {
+            manager.view_now(view)
+        };
         if let Some(lease) = s.lease.as_mut() {
             // The bucket as this process sees it refills, its lease included: what that
             // refill loses to the capacity comes out of the lease first (the bucket would not
@@ -673,20 +753,14 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
                             s.used = s.used.saturating_add(took);
                         }
                         _ => {
-                            // At most this process's share of what the bucket, as last seen,
-                            // has beside the call: a key running dry is shared out rather
-                            // than held by whoever asks first, and a dry one is not leased
-                            // (a lease would only take what the next refill brings).
-                            let room = before.bandwidths().iter().map(|b| b.tokens()).min();
-                            let share = u64::try_from(room.unwrap_or(0))
-                                .unwrap_or(0)
-                                .saturating_sub(took)
-                                / u64::from(slot.settings.processes.max(1));
-                            let size = size_now(&view.record.config).min(share);
+                            let size = size_now(&view.record.config);
                             view.record.state = before;
+                            if s.busy {
+                                return Step::Wait;
+                            }
                             s.busy = true;
                             return Step::Trip {
-                                size: if size < 2 { 0 } else { size },
+                                size,
                                 busy: Busy(slot),
                             };
                         }
@@ -717,10 +791,11 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
     ) -> Outcome<J::Output> {
         let manager = &self.manager;
         let key = &self.key;
+        let sent = Instant::now();
         let ended = {
             let mut s = slot.lock();
             s.used = 0;
-            s.since = Some(Instant::now());
+            s.since = Some(sent);
             s.lease.take()
         };
         if let Some(lease) = ended {
@@ -734,16 +809,27 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
             job,
             command,
             commands: if size > 0 {
-                vec![command, Command::Lease(size)]
+                vec![
+                    command,
+                    Command::Lease {
+                        tokens: size,
+                        processes: slot.settings.processes.max(1),
+                    },
+                ]
             } else {
                 vec![command]
             },
             size,
+            processes: u64::from(slot.settings.processes.max(1)),
             supplier: &self.supplier,
             clock: inner.time.0.as_deref(),
             wall: inner.wall,
             margin: inner.ttl_margin,
-            id: inner.settler.begin(key),
+            // A lease's entry is kept its lifetime and a grace for its return, not the minute
+            // of other operations: the entries of ended leases make room for others sooner.
+            id: inner
+                .settler
+                .begin_kept(key, slot.settings.lifetime + RETURN_GRACE),
             out: None,
             view: None,
             took: 0,
@@ -779,14 +865,15 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
                 record,
                 reading,
                 at: Instant::now(),
+                sent,
             });
         }
         s.used = s.used.saturating_add(tx.took);
         if let (true, Some(view)) = (leased > 0, &s.view) {
             s.lease = Some(Lease {
-                seq: tx.id.seq,
+                seq: tx.id.seq | crate::ledger::LEASE_BIT,
                 left: crate::ledger::units_of(&view.record.config, leased),
-                taken: Instant::now(),
+                taken: sent,
             });
         }
         drop(s);
@@ -813,6 +900,8 @@ struct LeaseTx<'a, J: Job> {
     command: Command,
     commands: Vec<Command>,
     size: u64,
+    /// How many processes share what the bucket has (the lease takes one share).
+    processes: u64,
     supplier: &'a Supplier,
     clock: Option<&'a (dyn bucket4rs_core::Clock + Send + Sync)>,
     wall: bool,
@@ -868,11 +957,13 @@ impl<J: Job> Transaction for LeaseTx<'_, J> {
             }
         };
         let (job, supplier, wall, size) = (&self.job, self.supplier, self.wall, self.size);
+        let processes = self.processes;
+        let id = &self.id;
         let consuming = consumes(self.command);
         let mut out = None;
         let mut view = None;
         let (mut took_now, mut leased) = (0, 0);
-        let ledger = Some((&self.id, self.commands.as_slice()));
+        let ledger = Some((id, self.commands.as_slice()));
         let write = record::apply_bytes(current, now, self.margin, ledger, |record| {
             let before = record.as_ref().map(|r| r.state.clone());
             let (changed, outcome) = record::step(job, record, supplier, now, wall);
@@ -890,13 +981,20 @@ impl<J: Job> Transaction for LeaseTx<'_, J> {
                     let before = before.unwrap_or_else(|| BucketState::new(&rec.config, now));
                     took_now = drawn(&rec.config, &before, &rec.state, now).0;
                 }
-                // `Command::Lease`: as many tokens as every bandwidth has (none in debt), up to
+                // `Command::Lease`: this process's share of what every bandwidth has, up to
                 // the size, while the ledger has room for the lease's entry.
-                if size > 0 && rec.ledger.entries.len() < LEASE_ROOM {
-                    leased = rec
+                if size > 0 && crate::ledger::lease_room(&rec.ledger, id.owner, LEASE_ROOM) {
+                    let has = rec
                         .state
-                        .apply(&rec.config, now, &TryConsumeAsMuchAsPossible(Some(size)))
-                        .unwrap_or(0);
+                        .apply(&rec.config, now, &AvailableTokens)
+                        .map_or(0, |a| u64::try_from(a).unwrap_or(0));
+                    let share = (has / processes).min(size);
+                    if share > 0 {
+                        leased = rec
+                            .state
+                            .apply(&rec.config, now, &TryConsumeAsMuchAsPossible(Some(share)))
+                            .unwrap_or(0);
+                    }
                 }
             }
             out = Some(outcome);

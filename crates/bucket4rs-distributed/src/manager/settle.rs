@@ -64,8 +64,8 @@ pub(super) enum End {
     /// The backend wrote the record this transaction computed (its settlements and returns
     /// included).
     Written,
-    /// Written, and it took a lease that this manager now serves from: the record must keep
-    /// its entry until the lease is returned ([`Settler::release`]).
+    /// Written, and it took a lease that this manager now serves from (its entry is marked,
+    /// and kept until the lease's return: [`Settler::release`]).
     Leased,
     /// It certainly changed nothing, or wrote nothing (a read): its settlements and returns,
     /// if any, are still to be made.
@@ -101,6 +101,12 @@ impl Settler {
     /// unused tokens of its ended leases. The floor is the key's: the record holds only this
     /// key's operations.
     pub(super) fn begin(&self, key: &StorageKey) -> OperationId {
+        self.begin_kept(key, WINDOW)
+    }
+
+    /// [`begin`](Self::begin) for an operation whose entry the record keeps `window` (at
+    /// most [`WINDOW`]).
+    pub(super) fn begin_kept(&self, key: &StorageKey, window: Duration) -> OperationId {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         let mut s = self.lock();
         let open = match s.keys.get_mut(key) {
@@ -118,7 +124,7 @@ impl Settler {
                 .iter()
                 .map(|(q, unused, _)| (*q, unused.clone()))
                 .collect(),
-            window: (WINDOW.as_nanos() >> SHIFT) as i64,
+            window: (window.min(WINDOW).as_nanos() >> SHIFT) as i64,
         }
     }
 
@@ -130,18 +136,13 @@ impl Settler {
         };
         let start = match end {
             End::Written | End::Leased => {
-                if !matches!(end, End::Leased) {
-                    open.seqs.remove(&id.seq);
-                }
+                open.seqs.remove(&id.seq);
                 open.doubts.retain(|(q, _)| !id.settles.contains(q));
                 for q in &id.settles {
                     open.seqs.remove(q);
                 }
                 open.returns
                     .retain(|(q, _, _)| !id.returns.iter().any(|(r, _)| r == q));
-                for (q, _) in &id.returns {
-                    open.seqs.remove(q);
-                }
                 false
             }
             End::Unchanged => {
@@ -159,22 +160,19 @@ impl Settler {
         start
     }
 
-    /// A lease (the operation `seq` on `key`) ended with `unused` (refill units per
+    /// A lease (its entry marked `seq` on `key`) ended with `unused` (refill units per
     /// bandwidth): given back by the key's next transaction, or by the background task;
-    /// whether that task must be started. With nothing to give back the lease's entry may
-    /// simply be forgotten.
+    /// whether that task must be started. With nothing to give back there is nothing to do:
+    /// the entry goes with this manager's next lease of the key, or expires.
     pub(super) fn release(&self, key: &StorageKey, seq: u64, unused: Vec<u128>) -> bool {
-        let mut s = self.lock();
-        let Some(open) = s.keys.get_mut(key) else {
-            return false;
-        };
         if unused.iter().all(|&u| u == 0) {
-            open.seqs.remove(&seq);
-            if open.is_empty() {
-                s.keys.remove(key);
-            }
             return false;
         }
+        let mut s = self.lock();
+        let open = match s.keys.get_mut(key) {
+            Some(o) => o,
+            None => s.keys.entry(key.clone()).or_default(),
+        };
         open.returns.push((seq, unused, Instant::now()));
         !core::mem::replace(&mut s.task, true)
     }
@@ -187,10 +185,9 @@ impl Settler {
         let now = Instant::now();
         let young = |since: Instant| now.duration_since(since) < WINDOW;
         s.keys.retain(|_, open| {
-            let old: Vec<u64> = (open.doubts.iter().map(|&(q, since)| (q, since)))
-                .chain(open.returns.iter().map(|(q, _, since)| (*q, *since)))
-                .filter(|&(_, since)| !young(since))
-                .map(|(q, _)| q)
+            let old: Vec<u64> = (open.doubts.iter())
+                .filter(|&&(_, since)| !young(since))
+                .map(|&(q, _)| q)
                 .collect();
             open.doubts.retain(|&(_, since)| young(since));
             open.returns.retain(|(_, _, since)| young(*since));

@@ -487,3 +487,92 @@ fn a_leased_call_dropped_in_flight_frees_its_key_and_is_settled() {
         assert_eq!(left(&backend, "hot", k).await, (k - 2) as i64);
     });
 }
+
+/// Calls of other processes leave entries in the key's ledger until their next call (or a
+/// minute); only leases count towards the 24 a key may hold, so a busy process still leases
+/// after forty others made one call each.
+#[test]
+fn other_processes_calls_do_not_take_a_leases_room() {
+    let rt = runtime();
+    let k = 100_000;
+    let backend = Remote::new();
+    rt.block_on(async {
+        for _ in 0..40 {
+            let light = process(&backend, Leasing::new());
+            let b = light.builder().build("hot", move || still(k)).unwrap();
+            assert!(b.try_consume(1).await.unwrap());
+            std::mem::forget(light); // gone without another word: its entry stays
+        }
+        let busy = process(&backend, Leasing::new());
+        let b = busy.builder().build("hot", move || still(k)).unwrap();
+        let before = backend.transactions.load(Ordering::Relaxed);
+        for _ in 0..1_000 {
+            assert!(b.try_consume(1).await.unwrap());
+        }
+        let trips = backend.transactions.load(Ordering::Relaxed) - before;
+        assert!(
+            trips < 20,
+            "{trips} transactions for 1,000 calls: no lease taken"
+        );
+        assert!(busy.leased_tokens() > 0);
+    });
+}
+
+/// On a key drawn dry, callers that waited for the key's round trip are answered at its
+/// reading (as a batch answers the calls queued behind it): refused when the bucket then had
+/// nothing for them, not sent one round trip after another until their timeout.
+#[test]
+fn callers_behind_a_round_trip_on_a_dry_key_are_refused_at_once() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let backend = Remote::new();
+    backend.delay_ms.store(1, Ordering::Relaxed);
+    let manager = ProxyManager::configure(Arc::clone(&backend))
+        .time_source(TimeSource::client(bucket4rs_async::TokioClock::new()))
+        .timeout(Duration::from_secs(1))
+        .leasing(Leasing::new())
+        .build()
+        .unwrap();
+    let config = || simple(10_000, Duration::from_secs(1)); // 10 a millisecond
+    let (granted, refused, slowest) = rt.block_on(async {
+        let b = manager.builder().build("hot", config).unwrap();
+        let mut calls = Vec::new();
+        // 40 calls a millisecond for a second: twice what the key holds and refills in it.
+        for _ in 0..1_000 {
+            for _ in 0..40 {
+                let b = b.clone();
+                calls.push(tokio::spawn(async move {
+                    let start = tokio::time::Instant::now();
+                    let granted = b.try_consume(1).await.unwrap();
+                    (granted, start.elapsed())
+                }));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let (mut granted, mut refused, mut slowest) = (0u64, 0u64, Duration::ZERO);
+        for c in calls {
+            let (g, took) = c.await.unwrap();
+            if g {
+                granted += 1
+            } else {
+                refused += 1
+            }
+            slowest = slowest.max(took);
+        }
+        (granted, refused, slowest)
+    });
+    println!(
+        "leasing: a key drawn dry, 40 calls a ms for 1 s: {granted} granted, {refused} \
+         refused, the slowest answered in {slowest:?}"
+    );
+    // 10,000 held and 10,000 refilled over the second (and a few in the last answers').
+    assert!(granted <= 20_100, "{granted} granted");
+    assert!(refused >= 19_900, "{refused} refused");
+    assert!(
+        slowest < Duration::from_millis(50),
+        "a call waited {slowest:?}"
+    );
+}
