@@ -5,6 +5,9 @@
 //!
 //! Run everything with `cargo xtask bench [--quick]`; see `README.md` beside `Cargo.toml`.
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub mod servers;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
