@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use bucket4rs_benches::runs::{each_run, in_order, median, median_and_range, runtime};
 use bucket4rs_benches::servers::{Certs, Postgres};
 use bucket4rs_core::{Bandwidth, BucketConfiguration};
 use bucket4rs_distributed::{PostgresBackend, PostgresOptions, ProxyManager, RemoteBucket};
@@ -64,6 +65,17 @@ fn pgbench(url: &str, table: &str, clients: usize, keys: usize, secs: u64) -> St
         }
         Err(e) => format!("pgbench unavailable: {e}"),
     }
+}
+
+/// pgbench's throwaway table: 10,000 rows `(k, 0)`.
+fn pgbench_table(url: &str, table: &str) {
+    psql(
+        url,
+        &format!(
+            "CREATE TABLE {table} (k int PRIMARY KEY, v bigint NOT NULL) WITH (fillfactor = 80); \
+             INSERT INTO {table} SELECT g, 0 FROM generate_series(1, 10000) g; ANALYZE {table};"
+        ),
+    );
 }
 
 async fn run(
@@ -150,18 +162,8 @@ fn main() {
     let pid = std::process::id();
     let ours = format!("b4rs_bench_{pid}");
     let theirs = format!("b4rs_pgbench_{pid}");
-    psql(
-        &url,
-        &format!(
-            "CREATE TABLE {theirs} (k int PRIMARY KEY, v bigint NOT NULL) WITH (fillfactor = 80); \
-             INSERT INTO {theirs} SELECT g, 0 FROM generate_series(1, 10000) g; ANALYZE {theirs};"
-        ),
-    );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    pgbench_table(&url, &theirs);
+    let rt = runtime();
     println!("bucket4rs PostgreSQL backend vs pgbench (single-row UPDATE), {secs} s per scenario");
     println!(
         "| clients | keys   | batched ops/s | stmts/op | unbatched ops/s | stmts/op | pgbench tps | batched/pgbench | unbatched/pgbench |"
@@ -204,16 +206,6 @@ fn main() {
     );
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// `tls [seconds] [runs]`: a PostgreSQL cluster of its own with `ssl = on` (certificates made
 /// at run time), the default mode's scenarios with `sslmode=disable` and with
 /// `sslmode=verify-full` in turn (the order alternating between runs), and pgbench's
@@ -233,18 +225,8 @@ fn tls_mode(args: &[String]) {
     ];
     let ours = "b4rs_bench";
     let theirs = "b4rs_pgbench";
-    psql(
-        &urls[0],
-        &format!(
-            "CREATE TABLE {theirs} (k int PRIMARY KEY, v bigint NOT NULL) WITH (fillfactor = 80); \
-             INSERT INTO {theirs} SELECT g, 0 FROM generate_series(1, 10000) g; ANALYZE {theirs};"
-        ),
-    );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    pgbench_table(&urls[0], theirs);
+    let rt = runtime();
     println!(
         "bucket4rs PostgreSQL backend, sslmode=disable and sslmode=verify-full on one server of its own (fsync off), {secs} s per scenario, {runs} runs"
     );
@@ -316,34 +298,20 @@ fn tls_mode(args: &[String]) {
         "\n| scenario | sslmode=disable ops/s, each run | verify-full ops/s, each run | statements/op | TLS ÷ plain, median (range) |"
     );
     println!("| --- | ---: | ---: | ---: | ---: |");
-    let mut names: Vec<&str> = Vec::new();
-    for r in &rows {
-        if !names.contains(&r.0.as_str()) {
-            names.push(&r.0);
-        }
-    }
-    let each = |v: Vec<f64>| {
-        v.iter()
-            .map(|x| format!("{x:.0}"))
-            .collect::<Vec<_>>()
-            .join(" / ")
-    };
-    for name in names {
+    for name in in_order(rows.iter().map(|r| r.0.as_str())) {
         let of: Vec<_> = rows.iter().filter(|r| r.0 == name).collect();
         let ratios: Vec<f64> = of.iter().map(|r| r.2 / r.1).collect();
-        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = ratios.iter().copied().fold(0.0, f64::max);
         let stmts = median(of.iter().flat_map(|r| [r.3, r.4]).collect());
         println!(
-            "| {name} | {} | {} | {} | {:.2} ({lo:.2}–{hi:.2}) |",
-            each(of.iter().map(|r| r.1).collect()),
-            each(of.iter().map(|r| r.2).collect()),
+            "| {name} | {} | {} | {} | {} |",
+            each_run(&of.iter().map(|r| r.1).collect::<Vec<_>>()),
+            each_run(&of.iter().map(|r| r.2).collect::<Vec<_>>()),
             if stmts.is_nan() {
                 "-".to_owned()
             } else {
                 format!("{stmts:.3}")
             },
-            median(ratios)
+            median_and_range(&ratios)
         );
     }
 }

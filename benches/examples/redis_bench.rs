@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use bucket4rs_benches::runs::{each_run, in_order, median, median_and_range, runtime};
 use bucket4rs_benches::servers::{Certs, RedisCluster, RedisServer};
 use bucket4rs_core::{Bandwidth, BucketConfiguration};
 use bucket4rs_distributed::{
@@ -229,6 +230,14 @@ struct Node {
     ca: Option<PathBuf>,
 }
 
+/// `redis-benchmark`'s arguments for `INCR` from 16 clients, `requests` of them, on `port`,
+/// after `first` (`--cluster`, the TLS options).
+fn incr_16<'a>(first: &[&'a str], port: &'a str, requests: &'a str) -> Vec<&'a str> {
+    let mut args = first.to_vec();
+    args.extend(["-p", port, "-t", "incr", "-c", "16", "-n", requests]);
+    args
+}
+
 /// `EVALSHA` calls and µs spent in them so far, summed over `nodes` (`INFO commandstats`).
 fn evalsha_time(nodes: &[Node]) -> (u64, u64) {
     let mut total = (0, 0);
@@ -267,29 +276,11 @@ fn rate(line: &str) -> f64 {
         .unwrap_or_else(|| panic!("redis-benchmark: {line}"))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// `[seconds per scenario] [runs]` after the mode's name (defaults: 3 s, 3 runs).
 fn secs_and_runs(args: &[String]) -> (f64, usize) {
     let secs = args.first().and_then(|s| s.parse().ok()).unwrap_or(3.0);
     let runs = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3);
     (secs, runs)
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 /// Waits until `backend` answers (it connects in the background).
@@ -321,30 +312,26 @@ fn summary(rows: &[Row], ratio_name: &str) {
         "\n| scenario | ops/s, each run | round trips/op | server µs per EVALSHA | {ratio_name}, median (range) |"
     );
     println!("| --- | ---: | ---: | ---: | ---: |");
-    let mut names: Vec<&str> = Vec::new();
-    for r in rows {
-        if !names.contains(&r.name.as_str()) {
-            names.push(&r.name);
-        }
-    }
-    for name in names {
+    for name in in_order(rows.iter().map(|r| r.name.as_str())) {
         let of: Vec<&Row> = rows.iter().filter(|r| r.name == name).collect();
-        let ops: Vec<String> = of.iter().map(|r| format!("{:.0}", r.ops)).collect();
+        let ops: Vec<f64> = of.iter().map(|r| r.ops).collect();
         let ratios: Vec<f64> = of.iter().map(|r| r.ratio).collect();
-        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = ratios.iter().copied().fold(0.0, f64::max);
-        let server = of.iter().filter_map(|r| r.server).collect::<Vec<_>>();
-        let server = if server.is_empty() {
-            "-".to_owned()
-        } else {
-            format!("{:.1}", median(server))
-        };
         println!(
-            "| {name} | {} | {:.3} | {server} | {:.2} ({lo:.2}–{hi:.2}) |",
-            ops.join(" / "),
+            "| {name} | {} | {:.3} | {} | {} |",
+            each_run(&ops),
             median(of.iter().map(|r| r.trips).collect()),
-            median(ratios),
+            server_median(of.iter().filter_map(|r| r.server).collect()),
+            median_and_range(&ratios),
         );
+    }
+}
+
+/// The median of the servers' µs per `EVALSHA`, or `-` when none was read.
+fn server_median(v: Vec<f64>) -> String {
+    if v.is_empty() {
+        "-".to_owned()
+    } else {
+        format!("{:.1}", median(v))
     }
 }
 
@@ -369,24 +356,14 @@ fn cluster_mode(args: &[String]) {
         .collect();
     let port = nodes[0].port.to_string();
     let requests = ((secs * 100_000.0) as u64).to_string();
-    let incr_args = [
-        "--cluster",
-        "-p",
-        &port,
-        "-t",
-        "incr",
-        "-c",
-        "16",
-        "-n",
-        &requests,
-    ];
+    let incr_args = incr_16(&["--cluster"], &port, &requests);
     println!(
         "bucket4rs Redis Cluster backend: 3 masters of its own (ports {:?}), 16 clients, try_consume(1) always granted, {secs} s per scenario, {runs} runs",
         cluster.ports()
     );
     let mut rows = Vec::new();
     for run_no in 0..runs {
-        // INCR first in even runs, last in odd ones.
+        // INCR first in runs 1, 3, …, last in runs 2, 4, ….
         let mut incr = None;
         if run_no % 2 == 0 {
             incr = Some(redis_benchmark(&incr_args));
@@ -440,48 +417,22 @@ fn tls_summary(pairs: &[Pair]) {
         "\n| scenario | plaintext ops/s, each run | TLS ops/s, each run | round trips/op | server µs per EVALSHA, plain / TLS | TLS ÷ plain, median (range) |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
-    let mut names: Vec<&str> = Vec::new();
-    for p in pairs {
-        if !names.contains(&p.name.as_str()) {
-            names.push(&p.name);
-        }
-    }
-    let runs = |v: Vec<f64>| {
-        v.iter()
-            .map(|x| format!("{x:.0}"))
-            .collect::<Vec<_>>()
-            .join(" / ")
-    };
-    let server = |v: Vec<f64>| {
-        if v.is_empty() {
-            "-".to_owned()
-        } else {
-            format!("{:.1}", median(v))
-        }
-    };
-    for name in names {
+    for name in in_order(pairs.iter().map(|p| p.name.as_str())) {
         let of: Vec<&Pair> = pairs.iter().filter(|p| p.name == name).collect();
         let ratios: Vec<f64> = of.iter().map(|p| p.tls.0 / p.plain.0).collect();
-        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = ratios.iter().copied().fold(0.0, f64::max);
-        let trips = median(
-            of.iter()
-                .map(|p| p.plain.1)
-                .chain(of.iter().map(|p| p.tls.1))
-                .collect(),
-        );
+        let trips = median(of.iter().flat_map(|p| [p.plain.1, p.tls.1]).collect());
         println!(
-            "| {name} | {} | {} | {} | {} / {} | {:.2} ({lo:.2}–{hi:.2}) |",
-            runs(of.iter().map(|p| p.plain.0).collect()),
-            runs(of.iter().map(|p| p.tls.0).collect()),
+            "| {name} | {} | {} | {} | {} / {} | {} |",
+            each_run(&of.iter().map(|p| p.plain.0).collect::<Vec<_>>()),
+            each_run(&of.iter().map(|p| p.tls.0).collect::<Vec<_>>()),
             if trips.is_nan() {
                 "-".to_owned()
             } else {
                 format!("{trips:.3}")
             },
-            server(of.iter().filter_map(|p| p.plain.2).collect()),
-            server(of.iter().filter_map(|p| p.tls.2).collect()),
-            median(ratios),
+            server_median(of.iter().filter_map(|p| p.plain.2).collect()),
+            server_median(of.iter().filter_map(|p| p.tls.2).collect()),
+            median_and_range(&ratios),
         );
     }
 }
@@ -532,22 +483,12 @@ fn tls_mode(args: &[String]) {
     let requests = ((secs * 100_000.0) as u64).to_string();
     let ca = certs.path("ca.pem").display().to_string();
     let (plain_port, tls_port) = (plain_server.port.to_string(), tls_server.port.to_string());
-    let incr_plain = ["-p", &plain_port, "-t", "incr", "-c", "16", "-n", &requests];
-    let incr_tls = [
-        "--tls",
-        "--cacert",
-        &ca,
-        "-h",
-        "localhost",
-        "-p",
+    let incr_plain = incr_16(&[], &plain_port, &requests);
+    let incr_tls = incr_16(
+        &["--tls", "--cacert", &ca, "-h", "localhost"],
         &tls_port,
-        "-t",
-        "incr",
-        "-c",
-        "16",
-        "-n",
         &requests,
-    ];
+    );
     println!(
         "bucket4rs Redis backend on plaintext and on TLS only (own redis-servers, ports {} and {}), try_consume(1) always granted, {secs} s per scenario, {runs} runs",
         plain_server.port, tls_server.port
@@ -555,7 +496,7 @@ fn tls_mode(args: &[String]) {
     let mut pairs = Vec::new();
     for run_no in 0..runs {
         println!("run {}:", run_no + 1);
-        // Plaintext first in even runs, TLS first in odd ones.
+        // Plaintext first in runs 1, 3, …, TLS first in runs 2, 4, ….
         let order = if run_no % 2 == 0 { [0, 1] } else { [1, 0] };
         for clients in [1usize, 16] {
             for keys in [1usize, 10_000] {

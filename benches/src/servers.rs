@@ -237,19 +237,29 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let out = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .unwrap_or_else(|e| panic!("redis-cli must be installed: {e}"));
+        // It waits for the nodes to meet with no limit of its own: bounded here.
+        let deadline = Instant::now() + START;
+        while create.try_wait().expect("redis-cli runs").is_none() {
+            if Instant::now() > deadline {
+                let _ = create.kill();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = create.wait_with_output().expect("redis-cli's output");
         assert!(
             out.status.success(),
-            "redis-cli --cluster create: {}{}",
+            "redis-cli --cluster create (limit {START:?}): {}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let deadline = Instant::now() + START;
         for node in &nodes {
             loop {
                 let info = redis_cli(node.port, &["CLUSTER", "INFO"]);
