@@ -1,9 +1,15 @@
 //! Shared pieces of the bucket4rs benchmarks (`benches/main.rs`) and of the memory report
 //! (`src/bin/bucket4rs-memory.rs`): same-source clocks, the textbook `Mutex<f64>` bucket,
 //! the bucket configurations (local and keyed), the barrier-released thread runners and a
-//! counting allocator.
+//! counting allocator; and (features `redis`, `postgres`) the throwaway servers of the Redis
+//! and PostgreSQL examples and how they report several runs (`servers`, `runs`).
 //!
 //! Run everything with `cargo xtask bench [--quick]`; see `README.md` beside `Cargo.toml`.
+
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub mod runs;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub mod servers;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::num::NonZeroU32;

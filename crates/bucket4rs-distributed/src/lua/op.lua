@@ -19,10 +19,10 @@
 -- leases of other managers (the manager's leasing, manager/lease.rs).
 --
 -- The ledger (format version 2, ledger.rs): a write forgets expired entries, refuses an
--- operation already recorded (status 5, nothing written), clamps every give-back to the room
--- below capacity after the refill (and after add_tokens / reset), forgets the owner's entries
--- below its floor (tombstones stay), and records what this operation took. Settlements are
--- computed by the client (code 0).
+-- operation already recorded (status 5, nothing written), forgets the owner's entries below
+-- its floor (tombstones stay), clamps every give-back to the room below capacity after the
+-- refill (and after add_tokens / reset), and records what this operation took. Settlements
+-- are computed by the client (code 0).
 --
 -- Returns {status, now_hi, now_lo, time_s, time_us [, pre-image [, post-image]]}, time_* being
 -- this server's TIME when the script ran:
@@ -60,6 +60,10 @@
 -- Replicate the writes, not the script (it reads TIME); the default from Redis 5 on.
 if redis.replicate_commands then redis.replicate_commands() end
 
+-- Redis runs this whole body for every call: the library functions it uses are looked up
+-- once, here.
+local sunpack, spack, byte, sub = struct.unpack, struct.pack, string.byte, string.sub
+local bxor, floor, fmod = bit.bxor, math.floor, math.fmod
 local P32 = 4294967296
 local LIM = 9007199254740992 -- 2^53
 local key = KEYS[1]
@@ -73,13 +77,13 @@ end
 local nh, nl
 if ARGV[4] == '' then
   local s, us = ts, tus
-  local sh = math.floor(s / 65536)
+  local sh = floor(s / 65536)
   local sl = s - sh * 65536
   local x = sh * 1000000000              -- < 2^45; the value is x * 2^16
-  local xh = math.floor(x / 65536)
+  local xh = floor(x / 65536)
   local xl = (x - xh * 65536) * 65536
   local y = sl * 1000000000 + us * 1000  -- < 2^47
-  local yh = math.floor(y / P32)
+  local yh = floor(y / P32)
   nl = xl + (y - yh * P32)
   nh = xh + yh
   if nl >= P32 then nl = nl - P32; nh = nh + 1 end
@@ -102,82 +106,93 @@ end
 for j = 1, #cmds do
   if cmds[j][1] == 0 then return client() end
 end
-if #rec < 12 or string.sub(rec, 1, 6) ~= 'b4rs\2\0' then return client() end
-local n = struct.unpack('>I2', rec, 7)
+if #rec < 12 or sub(rec, 1, 6) ~= 'b4rs\2\0' then return client() end
+local n = sunpack('>I2', rec, 7)
 if n < 1 or n > 16 or #rec < 12 + 56 * n then return client() end
 
--- the signed 64-bit field at `pos`, or nil outside +-(2^53 - 1): h * 2^32 + l is exact for
--- -2^21 <= h < 2^21 (at most 2^53 in magnitude), and -2^53 itself is refused
-local function small(pos)
-  local h, l = struct.unpack('>i4I4', rec, pos)
+-- (h, l), the halves of a signed 64-bit field, as an exact number, or nil outside
+-- +-(2^53 - 1): h * 2^32 + l is exact for -2^21 <= h < 2^21 (at most 2^53 in magnitude), and
+-- -2^53 itself is refused
+local function small(h, l)
   if h >= 2097152 or h < -2097152 then return nil end
   local v = h * P32 + l
   if v <= -LIM then return nil end
   return v
 end
 
--- FNV-1a (32 bits) of `str` from hash `h`: h * 0x01000193 mod 2^32 is
--- (h mod 2^8) * 2^24 + h * 403 mod 2^32, every term below 2^53.
-local function fnv(h, str)
-  for k = 1, #str do
-    local lo = h % 256
-    h = h - lo + bit.band(bit.bxor(lo, string.byte(str, k)), 255)
-    h = ((h % 256) * 16777216 + h * 403) % P32
+-- FNV-1a (32 bits) of the record's bytes i..j from hash `h`, any number congruent to it mod
+-- 2^32 within +-2^51; the result is such a number too (take it % 2^32). bit.bxor works on its
+-- arguments mod 2^32 (exactly within +-2^51) and answers a signed 32-bit number x; then
+-- h * 0x01000193 = (x mod 2^8) * 2^24 + x * 403 mod 2^32, below 2^41 in magnitude: exact, and
+-- reduced by the next bxor. The bytes are fetched 256 at a time: one call per slice rather
+-- than one per byte.
+local function fnv(h, i, j)
+  while i <= j do
+    local e = i + 255
+    if e > j then e = j end
+    local b = {byte(rec, i, e)}
+    for k = 1, #b do
+      h = bxor(h, b[k])
+      h = h % 256 * 16777216 + h * 403
+    end
+    i = e + 1
   end
   return h
 end
 
 -- Everything the client's decoder checks (format.rs `decode`), before anything is computed:
--- a record it would reject goes to the client untouched. Per bandwidth: whether it has
--- explicit initial tokens and their value (nil when 2^53 or more). The ledger: BASE (the base
--- level per bandwidth), E (entries {owner, seq, exp, tk = taken pairs, lv = level pairs or
--- nil}), T (tombstones {owner, seq, exp}); TAIL_END is where it starts.
-local V = {}
-local BASE, E, T = {}, {}, {}
+-- a record it would reject goes to the client untouched. B[i] holds bandwidth i: its kind,
+-- capacity c, refill tokens t and period p, whether it has explicit initial tokens (fi) and
+-- their value (init, nil when 2^53 or more), and its stored state (lh, ll: last refill as
+-- halves; s, e: tokens and remainder; the same as stored in lh0, ll0, s0, e0). Each block is
+-- read with one unpack. TAIL_END is where the ledger starts.
+local B = {}
 local TAIL_END
 do
   local pos = 13 + 56 * n
-  local sum = fnv(2166136261, string.sub(rec, 1, 8))
+  local sum = fnv(2166136261, 1, 8)
   local ids = {}
   for i = 1, n do
     local base = 13 + 56 * (i - 1)
-    local kind, flags = string.byte(rec, base, base + 1)
-    if string.sub(rec, base + 2, base + 7) ~= '\0\0\0\0\0\0' or flags > 7 or kind > 2 then
-      return client()
-    end
-    local fi, fa, fid = flags % 2, math.floor(flags / 2) % 2, math.floor(flags / 4)
+    local kind, flags, pad, ch, cl, th, tl, ph, pl, lh, ll, sh, sl, eh, el =
+      sunpack('>BBc6i4I4i4I4i4I4i4I4i4I4i4I4', rec, base)
+    if pad ~= '\0\0\0\0\0\0' or flags > 7 or kind > 2 then return client() end
+    local fi, fa, fid = flags % 2, floor(flags / 2) % 2, floor(flags / 4)
     if fa == 1 and (kind ~= 2 or fi == 1) then return client() end
-    local c, t, p = small(base + 8), small(base + 16), small(base + 24)
+    local c, t, p = small(ch, cl), small(th, tl), small(ph, pl)
     if not (c and t and p) or c < 1 or t < 1 or p < 1 or t > p then return client() end
-    sum = fnv(sum, string.sub(rec, base, base + 31))
-    local v = {fi = fi}
+    local s, e = small(sh, sl), small(eh, el)
+    if not (s and e) or e < 0 or e >= p or (kind ~= 0 and e ~= 0) then return client() end
+    sum = fnv(sum, base, base + 31)
+    local b = {kind = kind, c = c, t = t, p = p, fi = fi, lh = lh, ll = ll, s = s, e = e,
+      lh0 = lh, ll0 = ll, s0 = s, e0 = e}
     if fi == 1 then
       if pos + 7 > #rec then return client() end
-      local h = struct.unpack('>i4', rec, pos)
+      local h, l = sunpack('>i4I4', rec, pos)
       if h < 0 then return client() end
-      v.init = small(pos)
+      b.init = small(h, l)
       pos = pos + 8
     end
     if kind == 2 then
       if pos + 7 > #rec then return client() end
-      local f = small(pos)
-      if f == nil or f < 0 or math.fmod(f, 1000000) ~= 0 then return client() end
+      local f = small(sunpack('>i4I4', rec, pos))
+      if f == nil or f < 0 or fmod(f, 1000000) ~= 0 then return client() end
       pos = pos + 8
     end
     if fid == 1 then
       if pos + 1 > #rec then return client() end
-      local len = struct.unpack('>I2', rec, pos)
-      local id = string.sub(rec, pos + 2, pos + 1 + len)
+      local len = sunpack('>I2', rec, pos)
+      local id = sub(rec, pos + 2, pos + 1 + len)
       -- ASCII ids only here (valid UTF-8 for certain); others go to the client
       if #id ~= len or string.find(id, '[\128-\255]') or ids[id] then return client() end
       ids[id] = true
       pos = pos + 2 + len
     end
-    V[i] = v
+    B[i] = b
   end
   TAIL_END = pos
-  sum = fnv(sum, string.sub(rec, 13 + 56 * n, TAIL_END - 1))
-  if sum ~= struct.unpack('>I4', rec, 9) then return client() end
+  sum = fnv(sum, 13 + 56 * n, TAIL_END - 1)
+  if sum % P32 ~= sunpack('>I4', rec, 9) then return client() end
 end
 
 -- L - now, exact, or nil when it may not fit within +-(2^53 - 1): with |dh| < 2^21, dh * 2^32
@@ -191,20 +206,11 @@ local function minus_now(lh, ll)
   return dh * P32 + (ll - nl)
 end
 
-local B = {}
+-- refill to now (SEMANTICS 4.1); xt, xr: the refill before the cap, for the ledger's levels
+-- (x_plus in ledger.rs; nil: no refill, false: 2^53 or more)
 for i = 1, n do
-  local base = 13 + 56 * (i - 1)
-  local kind = string.byte(rec, base)
-  local c, t, p = small(base + 8), small(base + 16), small(base + 24)
-  local lh, ll = struct.unpack('>i4I4', rec, base + 32)
-  local s, e = small(base + 40), small(base + 48)
-  local s0 = s
-  local xt, xr = nil, nil
-  if kind > 2 or not (c and t and p and s and e) or e < 0 or e >= p or p < 1 or t < 1
-      or c < 1 or (kind ~= 0 and e ~= 0) then
-    return client()
-  end
-  -- refill to now (SEMANTICS 4.1)
+  local b = B[i]
+  local c, t, p, lh, ll, s, e = b.c, b.t, b.p, b.lh, b.ll, b.s, b.e
   local el = minus_now(lh, ll)
   if el == nil then
     if lh - nh < 0 then return client() end -- now far ahead of L: too long a gap
@@ -214,9 +220,9 @@ for i = 1, n do
   end
   if el > 0 then
     local d = el
-    if kind ~= 0 then d = el - math.fmod(el, p) end
+    if b.kind ~= 0 then d = el - fmod(el, p) end
     if d > 0 then
-      local dH = math.floor(d / P32)
+      local dH = floor(d / P32)
       ll = ll + (d - dH * P32)
       lh = lh + dH
       if ll >= P32 then ll = ll - P32; lh = lh + 1 end
@@ -225,16 +231,16 @@ for i = 1, n do
         if td >= LIM then return client() end
         local v = td + e
         if v >= LIM then return client() end
-        local r = math.fmod(v, p)
+        local r = fmod(v, p)
         local add = (v - r) / p
-        -- the refill before the cap, for the ledger's levels (x_plus in ledger.rs)
-        xt, xr = s + add, r
+        local xt = s + add
         if xt >= LIM then xt = false end
+        b.xt, b.xr = xt, r
         if s + add >= c then s = c; e = 0 else s = s + add; e = r end
       end
     end
   end
-  B[i] = {kind = kind, c = c, t = t, p = p, lh = lh, ll = ll, s = s, e = e, s0 = s0, rs = s, re = e, xt = xt, xr = xr}
+  b.lh, b.ll, b.s, b.e, b.rs, b.re = lh, ll, s, e, s, e
 end
 
 -- wait until `deficit` more tokens (SEMANTICS 5.1); nil when not exact here. `deficit` may
@@ -244,7 +250,7 @@ local function wait_for(b, deficit)
   local lmn = minus_now(b.lh, b.ll)
   if lmn == nil then return nil end
   if b.kind ~= 0 then
-    local r = math.fmod(deficit, b.t)
+    local r = fmod(deficit, b.t)
     local q = (deficit - r) / b.t
     if r > 0 then q = q + 1 end
     local w = (q - 1) * b.p
@@ -260,12 +266,12 @@ local function wait_for(b, deficit)
   if gap < 0 then gap = 0 end
   -- ceil((P * deficit - e) / T) without forming P * deficit: with P = T * qp + rp it is
   -- qp * deficit + ceil((rp * deficit - e) / T), each term checked below 2^53.
-  local rp = math.fmod(b.p, b.t)
+  local rp = fmod(b.p, b.t)
   local qp = (b.p - rp) / b.t
   local whole, part = qp * deficit, rp * deficit
   if whole >= LIM or part >= LIM then return nil end
   local x = part - b.e
-  local r = math.fmod(x, b.t)
+  local r = fmod(x, b.t)
   local q = (x - r) / b.t
   if r > 0 then q = q + 1 end
   q = whole + q
@@ -293,64 +299,62 @@ end
 
 -- The ledger after the tail, into BASE, E and T, checked as the decoder checks it; false when
 -- it is not one (the client decodes it and reports the error). Parsed only by a write (a read
--- returns the record to the client, which decodes it all). One unpack per entry; an entry's
--- taken amounts and levels become tables only when a write changes them (`load`), and an
--- entry left as it was is written back as the bytes it was read from.
+-- returns the record to the client, which decodes it all). BASE: the base level per
+-- bandwidth ({tokens, remainder}); E: the entries ({owner, seq, exp, at = where its bytes
+-- are, f = its fields as unpacked}), whose taken amounts (tk) and levels (lv, nil for an
+-- infinite one) become tables only when a write changes them (`load`); T: the tombstones
+-- ({owner, seq, exp, at}). An entry or tombstone left as it was is written back as the bytes
+-- it was read from.
 local ENTRY = 24 + 32 * n
+local BASE, E, T = {}, {}, {}
+-- whether a (tokens, remainder) pair, given as the high halves th, rh and the low half rl
+-- of its two fields, is one of a bandwidth of period p: 0 <= tokens < 2^53 and
+-- 0 <= remainder < p (for a field's halves (h, l), 0 <= v < 2^53 is 0 <= h < 2^21: see small)
+local function valid(p, th, rh, rl)
+  return th >= 0 and th < 2097152 and rh >= 0 and rh < 2097152 and rh * P32 + rl < p
+end
 local function parse_ledger()
   local pos = TAIL_END
-  -- (h, l) halves as an exact number, or nil outside +-(2^53 - 1)
-  local function v(h, l)
-    if h >= 2097152 or h < -2097152 then return nil end
-    local x = h * P32 + l
-    if x <= -LIM then return nil end
-    return x
-  end
-  -- whether (th, tl, rh, rl) is a valid (tokens, remainder) pair of bandwidth i ({-1, 0},
-  -- infinite, too if allowed)
-  local function valid(i, th, tl, rh, rl, infinite)
-    local t, r = v(th, tl), v(rh, rl)
-    if t == nil or r == nil then return false end
-    if infinite and t == -1 and r == 0 then return true end
-    return t >= 0 and r >= 0 and r < B[i].p
-  end
-  if pos + 1 > #rec then return false end
-  local m = struct.unpack('>I2', rec, pos)
+  local len = #rec
+  if pos + 1 > len then return false end
+  local m = sunpack('>I2', rec, pos)
   pos = pos + 2
   if m > 0 then
-    if pos + 16 * n - 1 > #rec then return false end
+    if pos + 16 * n - 1 > len then return false end
     for i = 1, n do
-      local th, tl, rh, rl = struct.unpack('>i4I4i4I4', rec, pos)
-      if not valid(i, th, tl, rh, rl, false) then return false end
+      local th, tl, rh, rl = sunpack('>i4I4i4I4', rec, pos)
+      if not valid(B[i].p, th, rh, rl) then return false end
       BASE[i] = {th * P32 + tl, rh * P32 + rl}
       pos = pos + 16
     end
   end
-  if pos + m * ENTRY - 1 > #rec then return false end
+  if pos + m * ENTRY - 1 > len then return false end
   local fmt = '>c8i4I4i4I4' .. string.rep('i4I4i4I4i4I4i4I4', n)
   for k = 1, m do
-    local f = {struct.unpack(fmt, rec, pos)}
-    local seq, exp = v(f[2], f[3]), v(f[4], f[5])
+    local f = {sunpack(fmt, rec, pos)}
+    local seq, exp = small(f[2], f[3]), small(f[4], f[5])
     if seq == nil or exp == nil then return false end
+    -- per bandwidth: what it took, then its level (which may be {-1, 0}: infinite)
     for i = 1, n do
-      local j = 6 + 8 * (i - 1)
-      if not valid(i, f[j], f[j + 1], f[j + 2], f[j + 3], false)
-          or not valid(i, f[j + 4], f[j + 5], f[j + 6], f[j + 7], true) then
+      local j, p = 6 + 8 * (i - 1), B[i].p
+      if not valid(p, f[j], f[j + 2], f[j + 3]) then return false end
+      if not valid(p, f[j + 4], f[j + 6], f[j + 7])
+          and not (f[j + 4] == -1 and f[j + 5] == P32 - 1 and f[j + 6] == 0 and f[j + 7] == 0) then
         return false
       end
     end
     E[k] = {owner = f[1], seq = seq, exp = exp, at = pos, f = f}
     pos = pos + ENTRY
   end
-  if pos + 1 > #rec then return false end
-  local kt = struct.unpack('>I2', rec, pos)
+  if pos + 1 > len then return false end
+  local kt = sunpack('>I2', rec, pos)
   pos = pos + 2
-  if pos + 24 * kt ~= #rec + 1 then return false end
+  if pos + 24 * kt ~= len + 1 then return false end
   for k = 1, kt do
-    local owner, sh, sl, eh, el = struct.unpack('>c8i4I4i4I4', rec, pos)
-    local seq, exp = v(sh, sl), v(eh, el)
+    local owner, sh, sl, eh, el = sunpack('>c8i4I4i4I4', rec, pos)
+    local seq, exp = small(sh, sl), small(eh, el)
     if seq == nil or exp == nil then return false end
-    T[k] = {owner = owner, seq = seq, exp = exp}
+    T[k] = {owner = owner, seq = seq, exp = exp, at = pos}
     pos = pos + 24
   end
   return true
@@ -372,7 +376,7 @@ local room = nil
 for j = 1, #cmds do
   if cmds[j][1] == 12 and room == nil then
     if not ledger_parsed() then return client() end
-    local nowq = nh * 4096 + math.floor(nl / 1048576)
+    local nowq = nh * 4096 + floor(nl / 1048576)
     local leases = 0
     for k = 1, #E do
       local x = E[k]
@@ -402,7 +406,7 @@ for j = 1, #cmds do
     -- a lease (the third field: how many processes share what there is), while the ledger
     -- has room: floor(a / processes), at most the size; none without room
     if room and a > 0 and maxw >= 1 then
-      amount = math.floor(a / maxw)
+      amount = floor(a / maxw)
       if arg < amount then amount = arg end
       if amount > 0 then mutate = 'consume' end
     end
@@ -443,11 +447,7 @@ do
   local same = true
   for i = 1, n do
     local b = B[i]
-    local base = 13 + 56 * (i - 1)
-    local lh, ll = struct.unpack('>i4I4', rec, base + 32)
-    if lh ~= b.lh or ll ~= b.ll or small(base + 40) ~= b.s or small(base + 48) ~= b.e then
-      same = false
-    end
+    if b.lh0 ~= b.lh or b.ll0 ~= b.ll or b.s0 ~= b.s or b.e0 ~= b.e then same = false end
   end
   if same then return {1, nh, nl, ts, tus, rec} end
 end
@@ -456,10 +456,10 @@ end
 local LEDGER
 if not ledger_parsed() then return client() end
 if ARGV[9] == nil or ARGV[9] == '' then
-  LEDGER = string.sub(rec, TAIL_END)
+  LEDGER = sub(rec, TAIL_END)
 else
-  local owner, seq, floor = ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11])
-  local nowq = nh * 4096 + math.floor(nl / 1048576)
+  local owner, seq, fl = ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11])
+  local nowq = nh * 4096 + floor(nl / 1048576)
   -- an entry's taken amounts and levels as tables (nil: an infinite level), once needed
   local function load(x)
     if x.tk then return end
@@ -488,21 +488,19 @@ else
     if b == nil then return true end
     return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2])
   end
-  -- forget entry q: its level merges into the one below
+  -- forget entry q: its level merges into the one below; forgetting the last entry empties
+  -- the ledger (its base goes too), so nothing is merged then
   local function forget(q)
+    if #E == 1 then
+      E, BASE = {}, {}
+      return
+    end
     load(E[q])
     for i = 1, n do
       local above = E[q].lv[i]
       if less(above, get(q - 1, i)) then set(q - 1, i, above) end
     end
     table.remove(E, q)
-    if #E == 0 then BASE = {} end
-  end
-  local function forget_where(f)
-    local q = 1
-    while q <= #E do
-      if f(E[q]) then forget(q) else q = q + 1 end
-    end
   end
   -- the levels of bandwidth i after its state went towards x_plus = (xt, xr) (before the
   -- cap) from below capacity
@@ -530,10 +528,22 @@ else
     end
     return true
   end
-  forget_where(function(x) return x.exp <= nowq end)
-  local T2 = {}
-  for k = 1, #T do if T[k].exp > nowq then T2[#T2 + 1] = T[k] end end
-  T = T2
+  -- What this write forgets goes first: the expired entries and, once the operation is
+  -- known not to be in the ledger already, this owner's answered ones (below its floor).
+  -- ledger.rs forgets the answered ones after moving the levels; the result is the same
+  -- (a refill or an add adds one amount to the levels below the top and lowers the top one,
+  -- and forgetting takes the smaller of two neighbours: the two commute), and the levels of
+  -- forgotten entries are then never moved. On a key that only this manager writes, that is
+  -- every entry: the ledger is emptied without reading a level.
+  local q = 1
+  while q <= #E do
+    if E[q].exp <= nowq then forget(q) else q = q + 1 end
+  end
+  if #T > 0 then
+    local T2 = {}
+    for k = 1, #T do if T[k].exp > nowq then T2[#T2 + 1] = T[k] end end
+    T = T2
+  end
   for k = 1, #E do
     if E[k].owner == owner and (E[k].seq == seq or E[k].seq == seq + LEASE_BIT) then
       return {5, nh, nl, ts, tus}
@@ -541,6 +551,20 @@ else
   end
   for k = 1, #T do
     if T[k].owner == owner and T[k].seq == seq then return {5, nh, nl, ts, tus} end
+  end
+  q = 1
+  while q <= #E do
+    if E[q].owner == owner and E[q].seq < fl then forget(q) else q = q + 1 end
+  end
+  -- a lease: this owner's earlier leases of the key have ended (what is left of them, the
+  -- client returned; the rest was used), and this one's entry is marked (ledger.rs `after`;
+  -- forgetting commutes with moving the levels, as above)
+  local leasing = room ~= nil
+  if leasing then
+    q = 1
+    while q <= #E do
+      if E[q].owner == owner and E[q].seq >= LEASE_BIT then forget(q) else q = q + 1 end
+    end
   end
   for i = 1, n do
     local b = B[i]
@@ -557,13 +581,6 @@ else
         if #E > 0 then for p = 0, #E do set(p, i, {0, 0}) end end
       end
     end
-  end
-  forget_where(function(x) return x.owner == owner and x.seq < floor end)
-  -- a lease: this owner's earlier leases of the key have ended (what is left of them, the
-  -- client returned; the rest was used), and this one's entry is marked
-  local leasing = room ~= nil
-  if leasing then
-    forget_where(function(x) return x.owner == owner and x.seq >= LEASE_BIT end)
   end
   if not gives then
     local tk, any = {}, false
@@ -585,39 +602,31 @@ else
     end
   end
   while #E > 32 do forget(1) end
-  local function i64(v)
-    local h = math.floor(v / P32)
-    return struct.pack('>i4I4', h, v - h * P32)
+  -- a {tokens, remainder} pair (nil: infinite, {-1, 0}) as its 16 bytes
+  local function pair(v)
+    if v == nil then return spack('>i4I4i4I4', -1, P32 - 1, 0, 0) end
+    local th, rh = floor(v[1] / P32), floor(v[2] / P32)
+    return spack('>i4I4i4I4', th, v[1] - th * P32, rh, v[2] - rh * P32)
   end
-  local function pair(v) if v == nil then return i64(-1) .. i64(0) end return i64(v[1]) .. i64(v[2]) end
-  local out = {struct.pack('>I2', #E)}
+  local out = {spack('>I2', #E)}
   if #E > 0 then for i = 1, n do out[#out + 1] = pair(BASE[i]) end end
-  -- halves of a value, appended to `a`
-  local function halves(a, x)
-    local h = math.floor(x / P32)
-    a[#a + 1] = h
-    a[#a + 1] = x - h * P32
-  end
-  local fmt = '>c8i4I4i4I4' .. string.rep('i4I4i4I4i4I4i4I4', n)
   for k = 1, #E do
     local x = E[k]
     if x.dirty then
-      local a = {x.owner}
-      halves(a, x.seq)
-      halves(a, x.exp)
+      local sh, eh = floor(x.seq / P32), floor(x.exp / P32)
+      out[#out + 1] = spack('>c8i4I4i4I4', x.owner, sh, x.seq - sh * P32, eh, x.exp - eh * P32)
       for i = 1, n do
-        local tk, lv = x.tk[i], x.lv[i] or {-1, 0}
-        halves(a, tk[1]); halves(a, tk[2]); halves(a, lv[1]); halves(a, lv[2])
+        out[#out + 1] = pair(x.tk[i])
+        out[#out + 1] = pair(x.lv[i])
       end
-      out[#out + 1] = struct.pack(fmt, unpack(a))
     else
-      out[#out + 1] = string.sub(rec, x.at, x.at + ENTRY - 1)
+      out[#out + 1] = sub(rec, x.at, x.at + ENTRY - 1)
     end
   end
   local first = 1
   if #T > 32 then first = #T - 31 end
-  out[#out + 1] = struct.pack('>I2', #T - first + 1)
-  for k = first, #T do out[#out + 1] = T[k].owner .. i64(T[k].seq) .. i64(T[k].exp) end
+  out[#out + 1] = spack('>I2', #T - first + 1)
+  for k = first, #T do out[#out + 1] = sub(rec, T[k].at, T[k].at + 23) end
   LEDGER = table.concat(out)
 end
 
@@ -636,7 +645,7 @@ end
 for i = 1, n do
   local b = B[i]
   if b.s > b.c or (b.s == b.c and b.e ~= 0) or b.kind == 1
-      or (b.kind == 0 and V[i].fi == 1 and V[i].init ~= b.c) then
+      or (b.kind == 0 and b.fi == 1 and b.init ~= b.c) then
     keep = true
   elseif b.kind == 2 then
     if not keep then rel = nil end
@@ -663,13 +672,13 @@ local pos = 1
 for i = 1, n do
   local b = B[i]
   local base = 13 + 56 * (i - 1)
-  local sh = math.floor(b.s / P32)
-  local eh = math.floor(b.e / P32)
-  parts[#parts + 1] = string.sub(rec, pos, base + 31)
-  parts[#parts + 1] = struct.pack('>i4I4i4I4i4I4', b.lh, b.ll, sh, b.s - sh * P32, eh, b.e - eh * P32)
+  local sh = floor(b.s / P32)
+  local eh = floor(b.e / P32)
+  parts[#parts + 1] = sub(rec, pos, base + 31)
+  parts[#parts + 1] = spack('>i4I4i4I4i4I4', b.lh, b.ll, sh, b.s - sh * P32, eh, b.e - eh * P32)
   pos = base + 56
 end
-parts[#parts + 1] = string.sub(rec, pos, TAIL_END - 1)
+parts[#parts + 1] = sub(rec, pos, TAIL_END - 1)
 parts[#parts + 1] = LEDGER
 local post = table.concat(parts)
 
@@ -678,7 +687,7 @@ if not keep then
   -- ceil((rel + margin) / 1 ms), at least 1, exactly as the client rounds its TTLs
   local v = rel + tonumber(ARGV[7])
   if v >= LIM then return client() end
-  local r = math.fmod(v, 1000000)
+  local r = fmod(v, 1000000)
   ttl = tonumber(ARGV[6]) + (v - r) / 1000000
   if r > 0 then ttl = ttl + 1 end
   if ttl < 1 then ttl = 1 end
