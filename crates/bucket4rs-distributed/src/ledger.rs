@@ -407,8 +407,11 @@ pub(crate) fn after(
             });
         }
     }
+    // A full ledger forgets its oldest entry, a lease's last: a lease forgotten gives none of
+    // its unused tokens back.
     while l.entries.len() > MAX_ENTRIES {
-        forget(l, 0);
+        let j = l.entries.iter().position(|e| e.seq & LEASE_BIT == 0);
+        forget(l, j.unwrap_or(0));
     }
 }
 

@@ -601,7 +601,14 @@ else
         dirty = true}
     end
   end
-  while #E > 32 do forget(1) end
+  -- a full ledger forgets its oldest entry, a lease's last (ledger.rs `after`)
+  while #E > 32 do
+    local q = 1
+    for k = 1, #E do
+      if E[k].seq < LEASE_BIT then q = k break end
+    end
+    forget(q)
+  end
   -- a {tokens, remainder} pair (nil: infinite, {-1, 0}) as its 16 bytes
   local function pair(v)
     if v == nil then return spack('>i4I4i4I4', -1, P32 - 1, 0, 0) end
