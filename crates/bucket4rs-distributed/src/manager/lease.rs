@@ -29,7 +29,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::settle::End;
-use super::{ProxyManager, RemoteBucket, with_timeout};
+use super::{ProxyManager, RemoteBucket, batch, with_timeout};
 use crate::backend::{Backend, Command, OperationId, Transaction, Write};
 use crate::error::DistributedError;
 use crate::format::Record;
@@ -63,9 +63,10 @@ const RETURN_GRACE: Duration = Duration::from_secs(10);
 /// - **Under-grant bounded.** Each lease holds at most
 ///   `capacity × max_held_percent / 100 / processes` tokens of the smallest capacity (see
 ///   [`lease_cap`](Self::lease_cap)), and at most 24 leases are live per key: tokens sit
-///   unused in leases up to `min(processes, 24) × lease_cap`, and a process answers refusals
-///   from what it last saw of the bucket, which tokens other processes gave back since can
-///   make stale by as much again.
+///   unused in leases, and in returns on their way back, up to `min(processes, 24) ×
+///   lease_cap` each; and a process answers refusals from what it last saw of the bucket,
+///   which tokens other processes gave back since can make stale by as much again. The
+///   under-grant stays below `3 × min(processes, 24) × lease_cap`.
 /// - **Adaptive.** A lease is sized to what this process used over the last
 ///   [`period`](Self::period), up to the cap; a process that uses fewer than two tokens per
 ///   period takes none, and a lease unused for [`idle`](Self::idle) or older than
@@ -255,12 +256,13 @@ struct View {
 }
 
 /// What the operation `seq` took from the shared bucket and is not used yet, per bandwidth
-/// in refill units (a refill that fills what this process sees of the bucket takes its
-/// overflow from here first, as it would from the bucket: see [`RemoteBucket::local`]).
+/// in refill units.
 struct Lease {
     seq: u64,
     left: Vec<u128>,
     taken: Instant,
+    /// The view has filled up since it was taken: it serves no more (see `local`).
+    spent: bool,
 }
 
 impl Lease {
@@ -286,9 +288,6 @@ struct SlotState {
     used: u64,
     since: Option<Instant>,
     last_call: Option<Instant>,
-    /// Tokens asked by the calls waiting for the round trip in flight: the next lease covers
-    /// them where the bucket has them, so they are answered when it comes back.
-    waiting: u64,
 }
 
 /// One key's lease and view in a manager.
@@ -312,6 +311,14 @@ impl Slot {
     fn lock(&self) -> MutexGuard<'_, SlotState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Where a call goes after looking at its slot.
+enum Next<'s, T> {
+    Answer(Outcome<T>),
+    Trip(u64, Busy<'s>),
+    /// The batching path, on this runtime.
+    Batch(tokio::runtime::Handle),
 }
 
 /// What a call does next.
@@ -361,7 +368,6 @@ fn lease_size(
     config: &BucketConfiguration,
     used: u64,
     elapsed: Duration,
-    waiting: u64,
 ) -> u64 {
     let capacity = config
         .bandwidths()
@@ -372,47 +378,8 @@ fn lease_size(
     let cap = settings.lease_cap(capacity);
     let elapsed = elapsed.as_nanos().max(1);
     let wanted = u128::from(used) * settings.period.as_nanos() / elapsed;
-    let size = u64::try_from(wanted)
-        .unwrap_or(u64::MAX)
-        .max(waiting)
-        .min(cap);
+    let size = u64::try_from(wanted).unwrap_or(u64::MAX).min(cap);
     if size < 2 { 0 } else { size }
-}
-
-/// The tokens a call asks for, as far as a lease may cover them (0: none).
-fn asks(command: Command) -> u64 {
-    match command {
-        Command::TryConsume(n)
-        | Command::TryConsumeAndReturnRemaining(n)
-        | Command::ConsumeIgnoringRateLimits(n)
-        | Command::Reserve { tokens: n, .. } => n,
-        _ => 0,
-    }
-}
-
-/// A call's tokens counted in its slot's `waiting` while it waits for a round trip.
-struct Waiting<'a> {
-    slot: &'a Slot,
-    tokens: u64,
-}
-
-impl Waiting<'_> {
-    fn count(&mut self, tokens: u64) {
-        if self.tokens == 0 && tokens > 0 {
-            self.tokens = tokens;
-            let mut s = self.slot.lock();
-            s.waiting = s.waiting.saturating_add(tokens);
-        }
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        if self.tokens > 0 {
-            let mut s = self.slot.lock();
-            s.waiting = s.waiting.saturating_sub(self.tokens);
-        }
-    }
 }
 
 impl<B: Backend> ProxyManager<B> {
@@ -617,48 +584,56 @@ pub(super) fn release_on_last_drop<B: Backend>(inner: &Arc<super::Inner<B>>) {
 
 impl<B: Backend, A: Answer> RemoteBucket<B, A> {
     /// A call on a leased bucket: answered from the lease and the view when they can, else
-    /// one round trip (at a time per key).
-    pub(super) async fn run_leased<J: Job>(
+    /// one round trip (at a time per key). A call that would have to wait for the key's round
+    /// trip in flight goes the batching path instead (with the calls of the key's other
+    /// waiting callers, one transaction per batch), so a key on which leases cannot serve
+    /// (no room, a key running dry) gets what batching gives.
+    pub(super) async fn run_leased<J: Job + 'static>(
         &self,
         job: J,
         command: Command,
         settings: Leasing,
-    ) -> Outcome<J::Output> {
+    ) -> Outcome<J::Output>
+    where
+        J::Output: 'static,
+    {
         let manager = &self.manager;
+        let inner = &manager.inner;
         let slot = manager.slot(&self.key, settings);
-        let waiting = with_timeout(manager.inner.timeout, async {
+        let batching = inner.batching.is_enabled() && !inner.backend.is_in_process();
+        let next = with_timeout(inner.timeout, async {
             let mut waited = false;
-            let mut counted = Waiting {
-                slot: &slot,
-                tokens: 0,
-            };
             loop {
                 let done = slot.done.notified();
                 tokio::pin!(done);
                 done.as_mut().enable();
                 match self.local(&slot, &job, command, waited) {
-                    Step::Answer(out) => return Ok(Ok(out)),
-                    Step::Trip { size, busy } => return Ok(Err((size, busy))),
+                    Step::Answer(out) => return Ok(Next::Answer(out)),
+                    Step::Trip { size, busy } => return Ok(Next::Trip(size, busy)),
                     Step::Wait => {
-                        counted.count(asks(command));
+                        if let (true, Ok(handle)) =
+                            (batching, tokio::runtime::Handle::try_current())
+                        {
+                            return Ok(Next::Batch(handle));
+                        }
                         done.await;
                         waited = true;
                     }
                 }
             }
         });
-        match waiting.await? {
-            Ok(answer) => answer,
-            Err((size, busy)) => self.trip(&slot, busy, job, command, size).await,
+        match next.await? {
+            Next::Answer(answer) => answer,
+            Next::Trip(size, busy) => self.trip(&slot, busy, job, command, size).await,
+            Next::Batch(handle) => batch::run_batched(self, job, command, handle).await,
         }
     }
 
     /// The call in process, if the view and the lease can answer it. A call that `waited`
-    /// for the key's round trip is answered at that round trip's reading, as a call queued
-    /// behind a batch is answered at the batch's instant: from the lease if it covers it,
-    /// refused if the bucket then could not, and only then sent (otherwise, on a key running
-    /// dry, the view's refill since the reading would grant every waiter in turn and send
-    /// them one round trip at a time, each behind the last).
+    /// for the key's round trip (no batching: an in-process backend, or no runtime) is
+    /// answered at that round trip's reading, as a call queued behind a batch is answered at
+    /// the batch's instant: from the lease if it covers it, refused if the bucket then could
+    /// not, and only then sent.
     fn local<'s, J: Job>(
         &self,
         slot: &'s Slot,
@@ -670,22 +645,17 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
         let now_instant = Instant::now();
         let mut guard = slot.lock();
         let s = &mut *guard;
-        // A call that waited is answered from what the last round trip saw even while the
-        // next one is in flight (new calls keep starting them on a busy key); it waits again
-        // only if it must go to the backend itself.
-        if s.busy && !waited {
-            return Step::Wait;
-        }
+        // While the key's round trip is in flight the view still answers what it refuses
+        // (the lease went with the round trip: anything else waits, or is batched).
         s.last_call = Some(now_instant);
         let since = *s.since.get_or_insert(now_instant);
-        let (used, waiting) = (s.used, s.waiting);
+        let used = s.used;
         let size_now = |config: &BucketConfiguration| {
             lease_size(
                 &slot.settings,
                 config,
                 used,
                 now_instant.saturating_duration_since(since),
-                waiting,
             )
         };
         let changes_bucket = matches!(
@@ -718,20 +688,17 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
             manager.view_now(view)
         };
         if let Some(lease) = s.lease.as_mut() {
-            // The bucket as this process sees it refills, its lease included: what that
-            // refill loses to the capacity comes out of the lease first (the bucket would not
-            // have had it had the lease been used here instead; one process then answers
-            // exactly as an unleased bucket). The view keeps the refilled state, so no
-            // refill is counted twice.
+            // Once the bucket as this process sees it (its lease included) would have filled
+            // up since the lease was taken, the lease serves nothing more: its tokens would
+            // be used after a refill the bucket lost to its capacity, which taking them at the
+            // lease's start made room for. The next round trip gives them back exactly: for
+            // one process every lease token is then used before any such refill, so it
+            // answers exactly as an unleased bucket; for several, whose views may be wrong,
+            // nothing is lost (the return is exact against the bucket itself).
             let config = &view.record.config;
-            let lost = crate::ledger::overflow(config, &view.record.state, now);
-            for (left, lost) in lease.left.iter_mut().zip(lost) {
-                *left = left.saturating_sub(lost);
-            }
-            let refilled = Refilled::new(config, now, |i| view.record.state.bandwidths()[i]);
-            let n = config.bandwidths().len();
-            view.record.state =
-                BucketState::from_bandwidths((0..n).map(|i| refilled.get(i)).collect());
+            lease.spent |= crate::ledger::overflow(config, &view.record.state, now)
+                .iter()
+                .any(|&lost| lost > 0);
         }
         let before = view.record.state.clone();
         let out = match job.run(&mut view.record, now, manager.inner.wall) {
@@ -741,10 +708,9 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
                     let config = &view.record.config;
                     let (took, debt) = drawn(config, &before, &view.record.state, now);
                     let need = crate::ledger::units_of(config, took);
-                    let lease = s
-                        .lease
-                        .as_mut()
-                        .filter(|l| l.left.iter().zip(&need).all(|(left, need)| left >= need));
+                    let lease = s.lease.as_mut().filter(|l| {
+                        !l.spent && l.left.iter().zip(&need).all(|(left, need)| left >= need)
+                    });
                     match lease {
                         Some(l) if !debt && consumes(command) => {
                             for (left, need) in l.left.iter_mut().zip(need) {
@@ -798,6 +764,8 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
             s.since = Some(sent);
             s.lease.take()
         };
+        // A lease takes this process's share of what the bucket has.
+        let processes = slot.settings.processes.max(1);
         if let Some(lease) = ended {
             // Carried by this round trip's id; kept for the next one if it fails.
             if manager.inner.settler.release(key, lease.seq, lease.left) {
@@ -813,14 +781,14 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
                     command,
                     Command::Lease {
                         tokens: size,
-                        processes: slot.settings.processes.max(1),
+                        processes,
                     },
                 ]
             } else {
                 vec![command]
             },
             size,
-            processes: u64::from(slot.settings.processes.max(1)),
+            processes: u64::from(processes),
             supplier: &self.supplier,
             clock: inner.time.0.as_deref(),
             wall: inner.wall,
@@ -874,6 +842,7 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
                 seq: tx.id.seq | crate::ledger::LEASE_BIT,
                 left: crate::ledger::units_of(&view.record.config, leased),
                 taken: sent,
+                spent: false,
             });
         }
         drop(s);

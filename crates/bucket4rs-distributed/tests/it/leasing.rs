@@ -455,7 +455,14 @@ fn a_leased_call_dropped_in_flight_frees_its_key_and_is_settled() {
     let rt = runtime();
     let k = 10_000;
     let backend = Remote::new();
-    let manager = process(&backend, Leasing::new());
+    // Batching off: the caller behind waits for the round trip itself.
+    let manager = ProxyManager::configure(Arc::clone(&backend))
+        .time_source(TimeSource::client(ManualClock::new(1_000)))
+        .timeout(Duration::from_secs(20))
+        .max_batch(1)
+        .leasing(Leasing::new())
+        .build()
+        .unwrap();
     rt.block_on(async {
         let b = manager.builder().build("hot", move || still(k)).unwrap();
         assert!(b.try_consume(1).await.unwrap());
@@ -523,6 +530,13 @@ fn other_processes_calls_do_not_take_a_leases_room() {
 /// nothing for them, not sent one round trip after another until their timeout.
 #[test]
 fn callers_behind_a_round_trip_on_a_dry_key_are_refused_at_once() {
+    // Batched behind it (the default), and waiting for it when batching is off.
+    for max_batch in [64, 1] {
+        callers_behind_a_round_trip_on_a_dry_key(max_batch);
+    }
+}
+
+fn callers_behind_a_round_trip_on_a_dry_key(max_batch: usize) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -533,6 +547,7 @@ fn callers_behind_a_round_trip_on_a_dry_key_are_refused_at_once() {
     let manager = ProxyManager::configure(Arc::clone(&backend))
         .time_source(TimeSource::client(bucket4rs_async::TokioClock::new()))
         .timeout(Duration::from_secs(1))
+        .max_batch(max_batch)
         .leasing(Leasing::new())
         .build()
         .unwrap();
@@ -565,8 +580,8 @@ fn callers_behind_a_round_trip_on_a_dry_key_are_refused_at_once() {
         (granted, refused, slowest)
     });
     println!(
-        "leasing: a key drawn dry, 40 calls a ms for 1 s: {granted} granted, {refused} \
-         refused, the slowest answered in {slowest:?}"
+        "leasing: a key drawn dry, 40 calls a ms for 1 s (batches of {max_batch}): {granted} \
+         granted, {refused} refused, the slowest answered in {slowest:?}"
     );
     // 10,000 held and 10,000 refilled over the second (and a few in the last answers').
     assert!(granted <= 20_100, "{granted} granted");

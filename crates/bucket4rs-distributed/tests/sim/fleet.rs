@@ -28,13 +28,15 @@
 //! - *No over-grant, total*: `G(u) ≤ K + K·u/P` (the shared bucket starts full).
 //! - *No over-grant, windowed* (lease-time accounting, as `docs/distributed.md` states it):
 //!   for every `a ≤ u`, `G(u) − G(a⁻) ≤ K + K·(u − a + W)/P` with `W` = the lease lifetime
-//!   plus the longest reply leg (a lease serves until a lifetime after its reply arrived,
-//!   one reply leg after the shared bucket gave it out).
+//!   (a lease serves until a lifetime after its round trip was sent, before the shared
+//!   bucket gave it out).
 //! - *No over-grant, attributed*: for every millisecond `a ≤ u`, the grants answered in
-//!   `[a, u]` by a process whose latest leased round trip (as the network saw it) started at
-//!   or after `a` are at most `K + K·(u − a)/P`. A process grants from its latest round trip
-//!   only (the call it carried, or the lease it took: a round trip ends the lease before it),
-//!   so these tokens left the shared bucket in `[a, u]`; with exact returns the bucket's
+//!   `[a, u]` whose call was sent at or after `a` by a process whose latest round trip that
+//!   took a lease (as the network saw it) started at or after `a` are at most
+//!   `K + K·(u − a)/P`. A grant's tokens left the shared bucket at its own round trip (its
+//!   batch's, after the call was sent) or at the start of the round trip that took the lease
+//!   it was served from (a round trip ends the lease before it), so these tokens left the
+//!   shared bucket in `[a, u]`; with exact returns the bucket's
 //!   history is one bucket's, each take reduced to what was used of it, which gives out at
 //!   most `K` plus the refill over `[a, u]`. Unlike the windowed form it has no lifetime of
 //!   slack, so it sees a return that gives back tokens the bucket never lacked (one "capped
@@ -44,8 +46,8 @@
 //!   the reference's grants minus the fleet's. A *busy period* starts at every millisecond at
 //!   which the reference is full and the fleet holds as much (the shared bucket, read from
 //!   the store, plus every live lease: `σ + H ≥ K`); from its start `f`,
-//!   `D(u) − D(f) ≤ 2·min(n, 24)·lease_cap` (tokens in live leases, and views made stale by
-//!   others' returns by as much again) `+ ⌈K·d/P⌉` (`d` the longest reply leg: the
+//!   `D(u) − D(f) ≤ 3·min(n, 24)·lease_cap` (tokens in live leases, in returns on their way
+//!   back, and views made stale by others' returns) `+ ⌈K·d/P⌉` (`d` the longest reply leg: the
 //!   reference decides a round trip's call that much later) `+` the calls in flight at `f`
 //!   `+` for every crash since `f`, what it held `+ (1 + lease_cap)` per transaction in
 //!   flight or call in doubt `+ lease_cap` (a return not yet made) `+` per call in doubt in a
@@ -256,11 +258,12 @@ struct Link {
     clock: TokioClock,
 }
 
-struct Flying<'a>(&'a Mark);
+/// Calls in flight in one transaction, counted out when it ends.
+struct Flying<'a>(&'a Mark, u32);
 
 impl Drop for Flying<'_> {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(self.1, Ordering::Relaxed);
     }
 }
 
@@ -284,14 +287,22 @@ impl Backend for Link {
             (rtt / 2, rtt - rtt / 2, lose_request, lose_reply)
         };
         *lock(&self.net.round_trips) += 1;
-        // A leased call's round trip (a settlement's transaction only reads, as a command).
-        if tx.operation().is_some() && tx.command() != Command::AvailableTokens {
+        // A round trip that takes a lease (its last operation is `Command::Lease`).
+        let ops = tx.batch().map_or(&[][..], |b| b);
+        if ops.iter().any(|c| matches!(c, Command::Lease { .. })) {
             self.mark
                 .trip_start
                 .store(self.clock.now_nanos(), Ordering::Relaxed);
         }
-        self.mark.in_flight.fetch_add(1, Ordering::Relaxed);
-        let _flying = Flying(&self.mark);
+        // The calls it carries (a batch carries several).
+        let calls = ops
+            .iter()
+            .filter(|c| !matches!(c, Command::Lease { .. }))
+            .count()
+            .max(1);
+        let calls = u32::try_from(calls).unwrap_or(u32::MAX);
+        self.mark.in_flight.fetch_add(calls, Ordering::Relaxed);
+        let _flying = Flying(&self.mark, calls);
         tokio::time::sleep(Duration::from_nanos(up)).await;
         if lose_request {
             lock(&self.net.lost).0 += 1;
@@ -603,7 +614,7 @@ async fn simulate(s: &Scenario) -> Result<Report, String> {
     let mut checks = Checks {
         k: kk,
         p: pp,
-        w: i128::from(LIFETIME + reply_leg),
+        w: i128::from(LIFETIME),
         g: 0,
         min_before: 0,
         windows: Windows::new(usize::try_from(ticks + DRAIN_TICKS + 1).unwrap_or(0), |i| {
@@ -614,7 +625,7 @@ async fn simulate(s: &Scenario) -> Result<Report, String> {
         d: 0,
         d_start: 0,
         period_extra: 0,
-        fixed: 2 * i64::try_from(n.min(24)).unwrap_or(24) * cap_i
+        fixed: 3 * i64::try_from(n.min(24)).unwrap_or(24) * cap_i
             + i64::try_from((i128::from(reply_leg) * kk + pp - 1) / pp).unwrap_or(i64::MAX),
         per_doubt: 1 + cap_i,
         doubts: 0,
@@ -753,7 +764,10 @@ async fn simulate(s: &Scenario) -> Result<Report, String> {
                     sent: now,
                     process: i,
                     outcome,
-                    trip_start: mark.trip_start.load(Ordering::Relaxed),
+                    // Its tokens left the bucket no sooner: at its own round trip (its batch's),
+                    // after it was sent, or at the start of the round trip that took the lease
+                    // it was served from, the latest one.
+                    trip_start: mark.trip_start.load(Ordering::Relaxed).min(now),
                 });
             });
         }
