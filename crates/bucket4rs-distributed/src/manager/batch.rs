@@ -7,6 +7,10 @@
 //! cancelled), the queue is cut into a batch (closed channels, i.e. withdrawn callers,
 //! skipped) and a spawned task runs it as ONE `BatchTx`, then the next batch, until the queue
 //! is empty and the lane is removed, all under the map's shard lock so no item is stranded.
+//!
+//! A leased key's round trip (`lease.rs`) takes the lane too ([`take_lane`]), so a process
+//! never has two transactions of one key in flight: on a busy lane it waits for its *turn*,
+//! which the lane gives it before the next batch.
 
 use core::sync::atomic::{AtomicBool, Ordering};
 use core::time::Duration;
@@ -63,6 +67,8 @@ impl Default for Batching {
 #[derive(Default)]
 pub(super) struct Lane {
     queue: Vec<Box<dyn Queued>>,
+    /// A leased round trip waiting for the lane: it goes next, before the queue.
+    turn: Option<oneshot::Sender<()>>,
 }
 
 /// One queued operation with its caller's reply channel, its type erased.
@@ -207,7 +213,7 @@ impl Transaction for BatchTx<'_> {
 
 /// Held by the operation that runs alone on an idle key: when it completes or is dropped,
 /// hands the lane's queue to a batch task (or removes the lane when nothing queued).
-struct LaneGuard<'a, B: Backend> {
+pub(super) struct LaneGuard<'a, B: Backend> {
     manager: &'a ProxyManager<B>,
     key: &'a StorageKey,
     handle: tokio::runtime::Handle,
@@ -260,15 +266,86 @@ impl<B: Backend> Drop for Drain<B> {
     }
 }
 
+/// A leased round trip waiting for its turn on a busy lane. Dropped with the turn given
+/// but not taken (its caller went away meanwhile), it passes the lane on.
+struct Turn<'a, B: Backend> {
+    rx: oneshot::Receiver<()>,
+    manager: &'a ProxyManager<B>,
+    key: &'a StorageKey,
+    handle: tokio::runtime::Handle,
+}
+
+impl<B: Backend> Drop for Turn<'_, B> {
+    fn drop(&mut self) {
+        if self.rx.try_recv().is_ok() {
+            drop(LaneGuard {
+                manager: self.manager,
+                key: self.key,
+                handle: self.handle.clone(),
+            });
+        }
+    }
+}
+
+/// Takes `key`'s lane for a transaction of the caller's own (a leased key's round trip):
+/// at once when the key is idle, else after the batch in flight (before the calls queued
+/// behind it). The calls batched meanwhile queue behind it and go as one batch when the
+/// guard is dropped.
+pub(super) async fn take_lane<'a, B: Backend>(
+    manager: &'a ProxyManager<B>,
+    key: &'a StorageKey,
+    handle: tokio::runtime::Handle,
+) -> LaneGuard<'a, B> {
+    loop {
+        let rx = match manager.inner.lanes.entry(key.clone()) {
+            Entry::Vacant(v) => {
+                v.insert(Lane::default());
+                return LaneGuard {
+                    manager,
+                    key,
+                    handle,
+                };
+            }
+            Entry::Occupied(mut o) => {
+                let (tx, rx) = oneshot::channel();
+                o.get_mut().turn = Some(tx);
+                rx
+            }
+        };
+        let mut turn = Turn {
+            rx,
+            manager,
+            key,
+            handle: handle.clone(),
+        };
+        // Given: the lane is ours (occupied all along). Not given (the lane's task was
+        // dropped, and the lane with it): look again.
+        if (&mut turn.rx).await.is_ok() {
+            return LaneGuard {
+                manager,
+                key,
+                handle,
+            };
+        }
+    }
+}
+
 impl<B: Backend> ProxyManager<B> {
     /// Cuts the next batch from a lane's queue, skipping withdrawn callers; removes the
     /// lane (the key is idle again) when nothing is left. Under the shard lock, so an
     /// operation queued concurrently is either in the batch or finds no lane and goes alone.
+    /// A leased round trip waiting for its turn goes first: it is given the lane, and no
+    /// batch is cut.
     fn next_batch(&self, key: &StorageKey) -> Option<Vec<Box<dyn Queued>>> {
         let max = self.inner.batching.max;
         match self.inner.lanes.entry(key.clone()) {
             Entry::Vacant(_) => None,
             Entry::Occupied(mut o) => {
+                if let Some(turn) = o.get_mut().turn.take()
+                    && turn.send(()).is_ok()
+                {
+                    return None;
+                }
                 let queue = &mut o.get_mut().queue;
                 queue.retain(|q| !q.is_withdrawn());
                 if queue.is_empty() {

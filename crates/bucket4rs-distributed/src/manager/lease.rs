@@ -284,7 +284,8 @@ struct SlotState {
     lease: Option<Lease>,
     /// A round trip is in flight: callers wait for it.
     busy: bool,
-    /// Tokens this process was granted on the key since `since` (for the next lease's size).
+    /// Tokens this process's calls took on the key since `since`, or asked for when they
+    /// went the batching path (for the next lease's size).
     used: u64,
     since: Option<Instant>,
     last_call: Option<Instant>,
@@ -342,6 +343,17 @@ fn consumes(command: Command) -> bool {
             | Command::ConsumeIgnoringRateLimits(_)
             | Command::Reserve { .. }
     )
+}
+
+/// The tokens a call asks for (0: it takes none, or as many as it can).
+fn asks(command: Command) -> u64 {
+    match command {
+        Command::TryConsume(n)
+        | Command::TryConsumeAndReturnRemaining(n)
+        | Command::ConsumeIgnoringRateLimits(n)
+        | Command::Reserve { tokens: n, .. } => n,
+        _ => 0,
+    }
 }
 
 /// Tokens the state lost from `before` (refilled to `now`) to `after`, on the first
@@ -624,8 +636,27 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
         });
         match next.await? {
             Next::Answer(answer) => answer,
-            Next::Trip(size, busy) => self.trip(&slot, busy, job, command, size).await,
-            Next::Batch(handle) => batch::run_batched(self, job, command, handle).await,
+            Next::Trip(size, busy) => {
+                // One transaction of the key in flight per process: the round trip takes the
+                // key's lane (waiting for a batch in flight), and the calls batched meanwhile
+                // go after it.
+                let _lane = match tokio::runtime::Handle::try_current() {
+                    Ok(handle) if batching => {
+                        let lane = batch::take_lane(manager, &self.key, handle);
+                        Some(with_timeout(inner.timeout, async { Ok(lane.await) }).await?)
+                    }
+                    _ => None,
+                };
+                self.trip(&slot, busy, job, command, size).await
+            }
+            Next::Batch(handle) => {
+                // What it asks counts in this process's use, which sizes the next lease.
+                {
+                    let mut s = slot.lock();
+                    s.used = s.used.saturating_add(asks(command));
+                }
+                batch::run_batched(self, job, command, handle).await
+            }
         }
     }
 

@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bucket4rs_core::{BucketConfiguration, ManualClock, TokensInheritanceStrategy};
 use bucket4rs_distributed::{
-    Backend, BackendClock, BackendError, BackendErrorKind, CircuitBreaker, EmbeddedBackend,
-    Leasing, ProxyManager, RetryPolicy, StorageKey, TimeSource, Transaction,
+    Backend, BackendClock, BackendError, BackendErrorKind, CircuitBreaker, Command,
+    EmbeddedBackend, Leasing, ProxyManager, RetryPolicy, StorageKey, TimeSource, Transaction,
 };
 
 use crate::common::{Recorder, runtime, simple};
@@ -26,6 +26,21 @@ struct Remote {
     down: AtomicBool,
     /// Each transaction waits this long (milliseconds) before it runs.
     delay_ms: AtomicU64,
+    /// Transactions in flight now, and the most seen at once.
+    in_flight: AtomicU64,
+    most_in_flight: AtomicU64,
+    /// Transactions that took a lease, and batches of several calls.
+    leases: AtomicU64,
+    batches: AtomicU64,
+}
+
+/// A transaction counted in flight until it ends (or its future is dropped).
+struct Flying<'a>(&'a AtomicU64);
+
+impl Drop for Flying<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Remote {
@@ -52,6 +67,16 @@ impl Backend for Remote {
         tx: &mut dyn Transaction,
     ) -> Result<(), BackendError> {
         self.refuse()?;
+        let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::Relaxed);
+        let _flying = Flying(&self.in_flight);
+        match tx.batch() {
+            Some(ops) if ops.iter().any(|c| matches!(c, Command::Lease { .. })) => {
+                self.leases.fetch_add(1, Ordering::Relaxed)
+            }
+            Some(_) => self.batches.fetch_add(1, Ordering::Relaxed),
+            None => 0,
+        };
         let delay = self.delay_ms.load(Ordering::Relaxed);
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -590,4 +615,71 @@ fn callers_behind_a_round_trip_on_a_dry_key(max_batch: usize) {
         slowest < Duration::from_millis(50),
         "a call waited {slowest:?}"
     );
+    // The round trips that take leases and the batches go one at a time on the key.
+    assert_eq!(backend.most_in_flight.load(Ordering::Relaxed), 1);
+}
+
+/// A process has one transaction of a leased key in flight at a time: its round trips that
+/// take leases and the batches of the calls that found one in flight take turns on the key
+/// (on Redis and PostgreSQL two at once would conflict, and a round trip returning a lease
+/// could lose to a stream of batches until its retries ran out). 16 tasks hammer a key that
+/// they draw dry, leases being taken again and again.
+#[test]
+fn a_process_sends_one_transaction_of_a_leased_key_at_a_time() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let backend = Remote::new();
+    backend.delay_ms.store(1, Ordering::Relaxed);
+    let manager = ProxyManager::configure(Arc::clone(&backend))
+        .time_source(TimeSource::client(bucket4rs_async::TokioClock::new()))
+        .timeout(Duration::from_secs(5))
+        .leasing(Leasing::new().idle(Duration::from_millis(5)))
+        .build()
+        .unwrap();
+    let config = || simple(1_000, Duration::from_secs(1)); // 1 a millisecond
+    let start = std::time::Instant::now();
+    let (granted, calls) = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for _ in 0..16 {
+            let b = manager.builder().build("hot", config).unwrap();
+            tasks.push(tokio::spawn(async move {
+                let (mut granted, mut calls) = (0u64, 0u64);
+                let stop = tokio::time::Instant::now() + Duration::from_millis(300);
+                while tokio::time::Instant::now() < stop {
+                    granted += u64::from(b.try_consume(1).await.unwrap());
+                    calls += 1;
+                    if calls % 64 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                (granted, calls)
+            }));
+        }
+        let mut sum = (0, 0);
+        for t in tasks {
+            let (g, c) = t.await.unwrap();
+            sum = (sum.0 + g, sum.1 + c);
+        }
+        sum
+    });
+    let elapsed = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let trips = backend.transactions.load(Ordering::Relaxed);
+    let leases = backend.leases.load(Ordering::Relaxed);
+    let batches = backend.batches.load(Ordering::Relaxed);
+    println!(
+        "leasing: 16 tasks for 300 ms: {calls} calls, {granted} granted, {trips} round trips \
+         ({leases} took leases, {batches} batches)"
+    );
+    // The bucket and its refill over the run, no more (the client clock runs with the test).
+    assert!(
+        granted <= 1_000 + elapsed + 1,
+        "{granted} granted in {elapsed} ms"
+    );
+    assert!(calls > granted, "the key was never drawn dry");
+    assert!(leases > 1, "{leases} leases: leases were not taken again");
+    assert!(batches > 0, "no call went the batching path");
+    assert_eq!(backend.most_in_flight.load(Ordering::Relaxed), 1);
 }
