@@ -256,13 +256,12 @@ struct View {
 }
 
 /// What the operation `seq` took from the shared bucket and is not used yet, per bandwidth
-/// in refill units.
+/// in refill units (a refill that fills what this process sees of the bucket takes its
+/// overflow from here first, as it would from the bucket: see `RemoteBucket::local`).
 struct Lease {
     seq: u64,
     left: Vec<u128>,
     taken: Instant,
-    /// The view has filled up since it was taken: it serves no more (see `local`).
-    spent: bool,
 }
 
 impl Lease {
@@ -719,17 +718,21 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
             manager.view_now(view)
         };
         if let Some(lease) = s.lease.as_mut() {
-            // Once the bucket as this process sees it (its lease included) would have filled
-            // up since the lease was taken, the lease serves nothing more: its tokens would
-            // be used after a refill the bucket lost to its capacity, which taking them at the
-            // lease's start made room for. The next round trip gives them back exactly: for
-            // one process every lease token is then used before any such refill, so it
-            // answers exactly as an unleased bucket; for several, whose views may be wrong,
-            // nothing is lost (the return is exact against the bucket itself).
+            // The bucket as this process sees it refills, its lease included: what that
+            // refill loses to the capacity comes out of the lease first. Taking the lease
+            // early made room in the shared bucket for exactly that refill, which one bucket
+            // would have lost; so the lease no longer holds it, and its return gives back
+            // only the rest (one process then answers exactly as an unleased bucket). The
+            // view keeps the refilled state, so no refill is counted twice.
             let config = &view.record.config;
-            lease.spent |= crate::ledger::overflow(config, &view.record.state, now)
-                .iter()
-                .any(|&lost| lost > 0);
+            let lost = crate::ledger::overflow(config, &view.record.state, now);
+            for (left, lost) in lease.left.iter_mut().zip(lost) {
+                *left = left.saturating_sub(lost);
+            }
+            let refilled = Refilled::new(config, now, |i| view.record.state.bandwidths()[i]);
+            let n = config.bandwidths().len();
+            view.record.state =
+                BucketState::from_bandwidths((0..n).map(|i| refilled.get(i)).collect());
         }
         let before = view.record.state.clone();
         let out = match job.run(&mut view.record, now, manager.inner.wall) {
@@ -739,9 +742,10 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
                     let config = &view.record.config;
                     let (took, debt) = drawn(config, &before, &view.record.state, now);
                     let need = crate::ledger::units_of(config, took);
-                    let lease = s.lease.as_mut().filter(|l| {
-                        !l.spent && l.left.iter().zip(&need).all(|(left, need)| left >= need)
-                    });
+                    let lease = s
+                        .lease
+                        .as_mut()
+                        .filter(|l| l.left.iter().zip(&need).all(|(left, need)| left >= need));
                     match lease {
                         Some(l) if !debt && consumes(command) => {
                             for (left, need) in l.left.iter_mut().zip(need) {
@@ -873,7 +877,6 @@ impl<B: Backend, A: Answer> RemoteBucket<B, A> {
                 seq: tx.id.seq | crate::ledger::LEASE_BIT,
                 left: crate::ledger::units_of(&view.record.config, leased),
                 taken: sent,
-                spent: false,
             });
         }
         drop(s);
