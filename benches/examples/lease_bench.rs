@@ -354,8 +354,8 @@ fn main() {
             println!(
                 "  {} {processes} process(es) on a key drawn dry ({SCARCE} tokens, {SCARCE}/s): \
                  {} granted of about {allowed:.0} allowed in {:.2} s (under-grant about {:.0}, \
-                 {:.2} %), {} held in leases at the end; bound: {} in leases + as much again \
-                 in stale views = {}",
+                 {:.2} %), {} held in leases at the end; bound: {} in leases, as much again \
+                 in returns on their way and in stale views = {}",
                 store.name(),
                 m.granted,
                 m.secs,
@@ -363,7 +363,7 @@ fn main() {
                 100.0 * (allowed - m.granted as f64) / allowed,
                 m.held,
                 processes * cap,
-                2 * processes * cap
+                3 * processes * cap
             );
         }
     }
