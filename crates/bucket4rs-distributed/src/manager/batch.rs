@@ -536,3 +536,80 @@ where
 /// How long a caller whose batch was sent waits past its own timeout for the batch's
 /// outcome, which the batch's deadline makes due at that moment (scheduling slack).
 const OUTCOME_GRACE: Duration = Duration::from_millis(200);
+
+#[cfg(test)]
+mod tests {
+    use core::pin::pin;
+    use core::task::{Context, Poll, Waker};
+
+    use super::*;
+    use crate::EmbeddedBackend;
+
+    /// A leased round trip waiting for the lane, polled once (its turn asked for), while a
+    /// batch is in flight on `key` (the lane taken).
+    fn busy() -> (
+        tokio::runtime::Runtime,
+        ProxyManager<EmbeddedBackend>,
+        StorageKey,
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let manager = ProxyManager::configure(EmbeddedBackend::new())
+            .build()
+            .unwrap();
+        let key = manager.storage_key("hot").unwrap();
+        manager.inner.lanes.insert(key.clone(), Lane::default());
+        (rt, manager, key)
+    }
+
+    #[test]
+    fn a_turn_taken_holds_the_lane_until_its_round_trip_ends() {
+        let (rt, manager, key) = busy();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut turn = pin!(take_lane(&manager, &key, rt.handle().clone()));
+        assert!(turn.as_mut().poll(&mut cx).is_pending());
+        // The batch in flight ends: the lane goes to the round trip, no batch is cut.
+        assert!(manager.next_batch(&key).is_none());
+        let Poll::Ready(lane) = turn.as_mut().poll(&mut cx) else {
+            panic!("the turn was given");
+        };
+        assert!(manager.inner.lanes.contains_key(&key));
+        drop(lane);
+        assert!(!manager.inner.lanes.contains_key(&key), "the key is idle");
+    }
+
+    #[test]
+    fn a_turn_given_but_not_taken_passes_the_lane_on() {
+        let (rt, manager, key) = busy();
+        let mut cx = Context::from_waker(Waker::noop());
+        {
+            let mut turn = pin!(take_lane(&manager, &key, rt.handle().clone()));
+            assert!(turn.as_mut().poll(&mut cx).is_pending());
+            assert!(manager.next_batch(&key).is_none());
+            assert!(manager.inner.lanes.contains_key(&key));
+            // Its caller goes away before taking it.
+        }
+        assert!(
+            !manager.inner.lanes.contains_key(&key),
+            "the lane was left taken by nobody"
+        );
+    }
+
+    #[test]
+    fn a_turn_dropped_before_it_is_given_leaves_the_lane_to_its_batch() {
+        let (rt, manager, key) = busy();
+        let mut cx = Context::from_waker(Waker::noop());
+        {
+            let mut turn = pin!(take_lane(&manager, &key, rt.handle().clone()));
+            assert!(turn.as_mut().poll(&mut cx).is_pending());
+        }
+        assert!(
+            manager.inner.lanes.contains_key(&key),
+            "the batch still holds it"
+        );
+        // The batch ends with nothing queued: the key is idle.
+        assert!(manager.next_batch(&key).is_none());
+        assert!(!manager.inner.lanes.contains_key(&key));
+    }
+}
