@@ -16,7 +16,7 @@
 -- of them cannot be computed exactly here (status 2: the client computes the whole batch).
 -- Code 12 is a lease: this process's share (the triple's third field: how many processes
 -- share it) of what every bandwidth has, up to `tokens`, while the ledger holds fewer than 24
--- leases of other managers (the manager's leasing, manager/lease.rs).
+-- leases of other managers (the manager's leasing, manager/lease/).
 --
 -- The ledger (format version 2, ledger.rs): a write forgets expired entries, refuses an
 -- operation already recorded (status 5, nothing written), forgets the owner's entries below

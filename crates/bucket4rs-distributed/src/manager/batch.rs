@@ -8,7 +8,7 @@
 //! skipped) and a spawned task runs it as ONE `BatchTx`, then the next batch, until the queue
 //! is empty and the lane is removed, all under the map's shard lock so no item is stranded.
 //!
-//! A leased key's round trip (`lease.rs`) takes the lane too ([`take_lane`]), so a process
+//! A leased key's round trip (`lease/`) takes the lane too ([`take_lane`]), so a process
 //! never has two transactions of one key in flight: on a busy lane it waits for its *turn*,
 //! which the lane gives it before the next batch.
 
